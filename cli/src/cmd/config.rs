@@ -1,0 +1,61 @@
+//! `seckillctl config`: the effective configuration, secrets redacted.
+
+use crate::output::{OutputFormat, Tabular, new_table, render};
+use anyhow::Result;
+use seckill_engine::config::{Config, MqConfig, PgConfig};
+use serde::Serialize;
+
+#[derive(Debug, clap::Args)]
+pub struct ConfigArgs {
+    #[arg(long, short, value_enum, default_value_t)]
+    output: OutputFormat,
+}
+
+#[derive(Debug, Serialize)]
+struct View {
+    database_url: String,
+    redis_url: String,
+    namesrv_addr: String,
+    topic_prefix: String,
+    redis_prefix: String,
+    pg: PgConfig,
+    mq: MqConfig,
+}
+
+impl Tabular for View {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["KEY", "VALUE"]);
+        let value = serde_json::to_value(self).unwrap_or_default();
+        if let serde_json::Value::Object(map) = value {
+            for (k, v) in map {
+                match v {
+                    serde_json::Value::Object(inner) => {
+                        for (ik, iv) in inner {
+                            t.add_row([format!("{k}.{ik}"), iv.to_string()]);
+                        }
+                    }
+                    serde_json::Value::String(s) => {
+                        t.add_row([k, s]);
+                    }
+                    other => {
+                        t.add_row([k, other.to_string()]);
+                    }
+                }
+            }
+        }
+        t
+    }
+}
+
+pub fn run(args: ConfigArgs, cfg: &Config) -> Result<()> {
+    let view = View {
+        database_url: cfg.database_url_redacted(),
+        redis_url: cfg.redis_url_redacted(),
+        namesrv_addr: cfg.namesrv_addr.clone(),
+        topic_prefix: cfg.topic_prefix.clone(),
+        redis_prefix: cfg.redis_prefix.clone(),
+        pg: cfg.pg.clone(),
+        mq: cfg.mq.clone(),
+    };
+    render(&mut std::io::stdout().lock(), args.output, &view)
+}

@@ -1,0 +1,4 @@
+pub mod config;
+pub mod db;
+pub mod health;
+pub mod mq;

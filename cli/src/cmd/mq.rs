@@ -1,0 +1,143 @@
+//! `seckillctl mq setup|lag`: topics, groups and their lag.
+
+use crate::output::{OutputFormat, Tabular, new_table, render};
+use anyhow::{Context, Result, bail};
+use seckill_engine::config::Config;
+use seckill_engine::mq::rocket::RocketAdmin;
+use seckill_engine::mq::{Names, TopicKind};
+use seckill_engine::runtime::ClientRuntime;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum MqCmd {
+    /// Create or update the topics (DESIGN §3 queue counts) and consumer groups; idempotent
+    Setup {
+        /// Keep retrying this long while the broker registers with the NameServer
+        #[arg(long, value_parser = parse_duration, default_value = "0s")]
+        wait: Duration,
+    },
+    /// Lag of every seckill consumer group, in messages and seconds
+    Lag {
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 5m, 250ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct LagRow {
+    group: String,
+    topic: String,
+    lag_messages: i64,
+    lag_seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct LagView {
+    groups: Vec<LagRow>,
+}
+
+impl Tabular for LagView {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["GROUP", "TOPIC", "LAG (MSGS)", "LAG (S)"]);
+        for r in &self.groups {
+            t.add_row([
+                r.group.clone(),
+                r.topic.clone(),
+                r.lag_messages.to_string(),
+                format!("{:.1}", r.lag_seconds),
+            ]);
+        }
+        t
+    }
+}
+
+pub async fn run(cmd: MqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
+    let result = match cmd {
+        MqCmd::Setup { wait } => setup(&admin, cfg, wait).await,
+        MqCmd::Lag { output } => lag(&admin, cfg, output).await,
+    };
+    admin.shutdown().await;
+    result
+}
+
+async fn setup(admin: &RocketAdmin, cfg: &Config, wait: Duration) -> Result<()> {
+    let names = Names::new(cfg.topic_prefix.clone());
+    let deadline = Instant::now() + wait;
+    loop {
+        match seckill_engine::mq::setup(admin, &names, cfg.mq.max_reconsume_times).await {
+            Ok(created) => {
+                for line in created {
+                    println!("{line}");
+                }
+                return Ok(());
+            }
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("waiting for the broker: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                return Err(e).context(format!(
+                    "cannot create topics and groups through the NameServer at {}",
+                    cfg.namesrv_addr
+                ));
+            }
+        }
+    }
+}
+
+async fn lag(admin: &RocketAdmin, cfg: &Config, output: OutputFormat) -> Result<()> {
+    let names = Names::new(cfg.topic_prefix.clone());
+    let mut groups = Vec::new();
+    for kind in TopicKind::ALL {
+        let (topic, group) = (names.topic(kind), names.group(kind));
+        let lag = admin
+            .lag(&topic, &group)
+            .await
+            .with_context(|| format!("lag of {group} on {topic}"))?;
+        groups.push(LagRow {
+            group,
+            topic,
+            lag_messages: lag.messages,
+            lag_seconds: lag.seconds,
+        });
+    }
+    if groups.is_empty() {
+        bail!("no groups");
+    }
+    render(&mut std::io::stdout().lock(), output, &LagView { groups })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+}

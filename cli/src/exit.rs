@@ -1,0 +1,61 @@
+//! Exit codes, chosen in one place (STYLE.md, Errors).
+
+use seckill_engine::db::DbError;
+use seckill_engine::redis_conn::RedisError;
+
+/// Process exit codes. `health` uses 0, 1 and 3 for up, degraded and unreachable
+/// (so cron can branch on them); other commands use the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Ok = 0,
+    Warn = 1,
+    Unreachable = 3,
+    /// The schema is older (or newer) than this build.
+    Schema = 4,
+    /// Bad input the user can fix: a flag, an id, a config file.
+    Usage = 64,
+    /// Anything else that went wrong.
+    Failure = 70,
+}
+
+impl Exit {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Picks the exit code for an error chain from its typed root cause.
+    pub fn for_error(err: &anyhow::Error) -> Exit {
+        for cause in err.chain() {
+            if let Some(e) = cause.downcast_ref::<DbError>() {
+                return match e {
+                    DbError::Unreachable { .. } | DbError::MissingDatabase { .. } => {
+                        Exit::Unreachable
+                    }
+                    DbError::SchemaMissing
+                    | DbError::SchemaBehind { .. }
+                    | DbError::SchemaAhead { .. }
+                    | DbError::SchemaDirty { .. }
+                    | DbError::ChecksumMismatch { .. } => Exit::Schema,
+                    DbError::BadUrl { .. } => Exit::Usage,
+                    _ => Exit::Failure,
+                };
+            }
+            if let Some(e) = cause.downcast_ref::<RedisError>() {
+                return match e {
+                    RedisError::Unreachable { .. } => Exit::Unreachable,
+                    RedisError::BadUrl { .. } => Exit::Usage,
+                    RedisError::Command(_) => Exit::Failure,
+                };
+            }
+            if cause.downcast_ref::<UsageError>().is_some() {
+                return Exit::Usage;
+            }
+        }
+        Exit::Failure
+    }
+}
+
+/// An error in what the user asked for, with the fix in its message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);

@@ -1,0 +1,81 @@
+//! `seckillctl`: the operator console for the flash-sale engine.
+//!
+//! Layout: `settings` layers the config, `cmd::*` holds one module per
+//! subcommand (each returns data), `output` renders tables or JSON, and
+//! `exit` maps errors to exit codes in one place.
+
+mod cmd;
+mod exit;
+mod output;
+mod settings;
+
+use clap::{Parser, Subcommand};
+use exit::Exit;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "seckillctl",
+    version,
+    about = "Operator console for the flash-sale engine"
+)]
+struct Cli {
+    #[command(flatten)]
+    config: settings::ConfigFlags,
+    /// Log filter, e.g. `info` or `seckill_engine=debug` [env RUST_LOG]
+    #[arg(long, global = true, default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Schema migrations
+    #[command(subcommand)]
+    Db(cmd::db::DbCmd),
+    /// Probe every component of the stack; exit 3 when one is unreachable
+    Health(cmd::health::HealthArgs),
+    /// RocketMQ topics and consumer groups
+    #[command(subcommand)]
+    Mq(cmd::mq::MqCmd),
+    /// Show the effective configuration (secrets redacted)
+    Config(cmd::config::ConfigArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.log);
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            Exit::for_error(&err)
+        }
+    };
+    ExitCode::from(code.code())
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<Exit> {
+    let cfg = settings::load(&cli.config)
+        .map_err(|e| anyhow::Error::new(exit::UsageError(format!("{e:#}"))))?;
+    // The RocketMQ client never builds its own runtime (ROCKETMQ.md): the
+    // binary owns it, and everything else (sqlx, redis, axum) shares it.
+    seckill_engine::runtime::run(|rt| async move {
+        match cli.command {
+            Command::Db(c) => cmd::db::run(c, &cfg).await.map(|()| Exit::Ok),
+            Command::Health(a) => cmd::health::run(a, &cfg, rt).await,
+            Command::Mq(c) => cmd::mq::run(c, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Config(a) => cmd::config::run(a, &cfg).map(|()| Exit::Ok),
+        }
+    })?
+}

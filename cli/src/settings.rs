@@ -1,0 +1,169 @@
+//! Config layering for the binaries: defaults, then `seckill.toml`, then the
+//! environment, then flags. The engine gets the finished [`Config`] and never
+//! reads the environment itself (STYLE.md, Config).
+
+use anyhow::{Context, Result, bail};
+use seckill_engine::config::Config;
+use secrecy::SecretString;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The environment variables that override the file.
+pub const ENV_DATABASE_URL: &str = "SECKILL_DATABASE_URL";
+pub const ENV_REDIS_URL: &str = "SECKILL_REDIS_URL";
+pub const ENV_NAMESRV_ADDR: &str = "SECKILL_NAMESRV_ADDR";
+pub const ENV_TOPIC_PREFIX: &str = "SECKILL_TOPIC_PREFIX";
+pub const ENV_CONFIG: &str = "SECKILL_CONFIG";
+
+/// Flags that override everything else.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct ConfigFlags {
+    /// Config file [default: ./seckill.toml when present; env SECKILL_CONFIG]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// PostgreSQL URL [env SECKILL_DATABASE_URL]
+    #[arg(long, global = true, value_name = "URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Redis URL [env SECKILL_REDIS_URL]
+    #[arg(long, global = true, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// RocketMQ NameServer address host:port [env SECKILL_NAMESRV_ADDR]
+    #[arg(long, global = true, value_name = "ADDR")]
+    pub namesrv_addr: Option<String>,
+    /// Prefix for topics and consumer groups [env SECKILL_TOPIC_PREFIX]
+    #[arg(long, global = true, value_name = "PREFIX")]
+    pub topic_prefix: Option<String>,
+}
+
+/// Builds the config from the real process environment and the working directory.
+pub fn load(flags: &ConfigFlags) -> Result<Config> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    layer(flags, &env, Path::new("."))
+}
+
+/// Pure layering over an explicit environment, so it can be tested.
+pub fn layer(flags: &ConfigFlags, env: &HashMap<String, String>, cwd: &Path) -> Result<Config> {
+    let explicit = flags
+        .config
+        .clone()
+        .or_else(|| env.get(ENV_CONFIG).map(PathBuf::from));
+    let mut cfg = match explicit {
+        Some(path) => read_file(&path)?,
+        None => {
+            let default = cwd.join("seckill.toml");
+            if default.exists() {
+                read_file(&default)?
+            } else {
+                Config::default()
+            }
+        }
+    };
+    let pick = |flag: &Option<String>, var: &str| -> Option<String> {
+        flag.clone().or_else(|| env.get(var).cloned())
+    };
+    if let Some(v) = pick(&flags.database_url, ENV_DATABASE_URL) {
+        cfg.database_url = SecretString::from(v);
+    }
+    if let Some(v) = pick(&flags.redis_url, ENV_REDIS_URL) {
+        cfg.redis_url = SecretString::from(v);
+    }
+    if let Some(v) = pick(&flags.namesrv_addr, ENV_NAMESRV_ADDR) {
+        cfg.namesrv_addr = v;
+    }
+    if let Some(v) = pick(&flags.topic_prefix, ENV_TOPIC_PREFIX) {
+        cfg.topic_prefix = v;
+    }
+    validate(&cfg)?;
+    Ok(cfg)
+}
+
+fn read_file(path: &Path) -> Result<Config> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+fn validate(cfg: &Config) -> Result<()> {
+    if !cfg
+        .topic_prefix
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        bail!(
+            "topic prefix {:?} may only contain letters, digits, '_' and '-' (RocketMQ topic rules)",
+            cfg.topic_prefix
+        );
+    }
+    if cfg.namesrv_addr.rsplit_once(':').is_none() {
+        bail!(
+            "namesrv address {:?} must be host:port, e.g. 127.0.0.1:9876",
+            cfg.namesrv_addr
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use secrecy::ExposeSecret;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_point_at_the_loopback_stack() {
+        let dir = std::env::temp_dir().join(format!("seckill-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap();
+        assert_eq!(cfg.namesrv_addr, "127.0.0.1:9876");
+        assert!(cfg.database_url.expose_secret().contains("127.0.0.1"));
+        assert_eq!(cfg.topic_prefix, "");
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        let dir = std::env::temp_dir().join(format!("seckill-cfg2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("seckill.toml"),
+            "namesrv_addr = \"10.0.0.1:9876\"\ntopic_prefix = \"FILE_\"\n[pg]\nmax_connections = 7\n",
+        )
+        .unwrap();
+        let from_file = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap();
+        assert_eq!(from_file.namesrv_addr, "10.0.0.1:9876");
+        assert_eq!(from_file.pg.max_connections, 7);
+
+        let e = env(&[(ENV_TOPIC_PREFIX, "ENV_")]);
+        let from_env = layer(&ConfigFlags::default(), &e, &dir).unwrap();
+        assert_eq!(from_env.topic_prefix, "ENV_");
+        assert_eq!(from_env.namesrv_addr, "10.0.0.1:9876");
+
+        let flags = ConfigFlags {
+            topic_prefix: Some("FLAG_".into()),
+            ..Default::default()
+        };
+        assert_eq!(layer(&flags, &e, &dir).unwrap().topic_prefix, "FLAG_");
+    }
+
+    #[test]
+    fn bad_input_names_the_problem() {
+        let dir = std::env::temp_dir().join(format!("seckill-cfg3-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("seckill.toml"), "no_such_key = 1\n").unwrap();
+        let err = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap_err();
+        assert!(format!("{err:#}").contains("no_such_key"), "{err:#}");
+
+        let flags = ConfigFlags {
+            topic_prefix: Some("bad prefix!".into()),
+            config: Some(dir.join("missing.toml")),
+            ..Default::default()
+        };
+        let err = layer(&flags, &env(&[]), &dir).unwrap_err();
+        assert!(format!("{err:#}").contains("missing.toml"), "{err:#}");
+    }
+}

@@ -1,0 +1,151 @@
+//! Engine configuration: one plain struct, parsed once by the binary (defaults,
+//! then `seckill.toml`, then environment, then flags) and handed in. The engine
+//! never reads the environment itself.
+//!
+//! Connection URLs may carry passwords, so they are [`SecretString`]s: `Debug`
+//! prints `[REDACTED]` and nothing logs them (use [`redact_url`] for display).
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub database_url: SecretString,
+    pub redis_url: SecretString,
+    pub namesrv_addr: String,
+    /// Prefix for every topic and consumer group, so environments and tests
+    /// never share broker state (DESIGN.md §3).
+    pub topic_prefix: String,
+    /// First part of every Redis key (`<prefix>:{<activity>}:...`, DESIGN.md §4),
+    /// so environments and tests never share keys.
+    pub redis_prefix: String,
+    pub pg: PgConfig,
+    pub mq: MqConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PgConfig {
+    pub max_connections: u32,
+    pub acquire_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqConfig {
+    /// Deadline for one bounded send, across the client's own attempts (DESIGN.md §6).
+    pub send_timeout_ms: u64,
+    pub send_retries: u32,
+    /// Consumer retries before the broker moves a message to `%DLQ%<group>`.
+    pub max_reconsume_times: i32,
+    /// Deadline for admin and health calls, so a dead broker is reported, not waited on.
+    pub admin_timeout_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            database_url: SecretString::from("postgres://postgres@127.0.0.1:5432/seckill"),
+            redis_url: SecretString::from("redis://127.0.0.1:6379/"),
+            namesrv_addr: "127.0.0.1:9876".to_owned(),
+            topic_prefix: String::new(),
+            redis_prefix: "seckill".to_owned(),
+            pg: PgConfig::default(),
+            mq: MqConfig::default(),
+        }
+    }
+}
+
+impl Default for PgConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout_ms: 3_000,
+        }
+    }
+}
+
+impl Default for MqConfig {
+    fn default() -> Self {
+        Self {
+            // Looser than the 30 ms production figure: a 2-core dev box stalls.
+            send_timeout_ms: 3_000,
+            send_retries: 2,
+            max_reconsume_times: 3,
+            admin_timeout_ms: 3_000,
+        }
+    }
+}
+
+impl Config {
+    pub fn admin_timeout(&self) -> Duration {
+        Duration::from_millis(self.mq.admin_timeout_ms)
+    }
+
+    /// The database URL without its password, for messages and `config show`.
+    pub fn database_url_redacted(&self) -> String {
+        redact_url(self.database_url.expose_secret())
+    }
+
+    pub fn redis_url_redacted(&self) -> String {
+        redact_url(self.redis_url.expose_secret())
+    }
+}
+
+/// Replaces the password in `scheme://user:password@host/...` with `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                format!("{scheme}://{user}@{host}{tail}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/seckill"),
+            "postgres://app:***@db:5432/seckill"
+        );
+        assert_eq!(
+            redact_url("redis://:pw@127.0.0.1:6379/"),
+            "redis://:***@127.0.0.1:6379/"
+        );
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1/x"),
+            "postgres://postgres@127.0.0.1/x"
+        );
+        assert_eq!(redact_url("127.0.0.1:9876"), "127.0.0.1:9876");
+    }
+
+    #[test]
+    fn debug_never_shows_secrets() {
+        let cfg = Config {
+            database_url: SecretString::from("postgres://app:hunter2@db/seckill"),
+            redis_url: SecretString::from("redis://:hunter3@r/"),
+            ..Config::default()
+        };
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("hunter3"), "{shown}");
+    }
+}

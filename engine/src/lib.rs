@@ -1,0 +1,25 @@
+//! `seckill-engine`: the headless flash-sale pipeline (DESIGN.md).
+//!
+//! Redis reserves stock, RocketMQ absorbs the burst, PostgreSQL creates the
+//! orders. One module per concern, each with a `//!` doc naming its inputs
+//! and outputs:
+//!
+//! - [`config`]: the one config struct, handed in by the binary.
+//! - [`ids`], [`status`]: identifier newtypes and every status enum.
+//! - [`db`]: the pool, migrations and the schema guard.
+//! - [`redis_conn`]: the Redis connection.
+//! - [`mq`]: the message-queue boundary and its rocketmq-rust implementation.
+//! - [`health`]: real probes of every component.
+//! - [`runtime`]: the process's one runtime, shared with the RocketMQ client.
+//!
+//! This crate never depends on a UI crate (clap, ratatui, crossterm,
+//! comfy-table): `cargo tree -p seckill-engine` proves it.
+
+pub mod config;
+pub mod db;
+pub mod health;
+pub mod ids;
+pub mod mq;
+pub mod redis_conn;
+pub mod runtime;
+pub mod status;

@@ -1,0 +1,614 @@
+//! The rocketmq-rust 1.0.0 implementation of the boundary in [`super`].
+//! Every call is bounded by a deadline of ours as well as the client's, so a
+//! hung connection is reported rather than waited on.
+
+use super::classify::{DefiniteCause, FailureKind, UnknownCause, classify};
+use super::{
+    BrokerInfo, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Lag, OutgoingMessage,
+    Producer, SendOutcome, SendReceipt, StartFrom, TopicSpec, TopicType,
+};
+use rocketmq_client_rust::{
+    BrokerAdmin, ClientError, ClientResult, ClientRuntime, ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus, ConsumerAdmin, DefaultMQAdminExt, DefaultMQProducer,
+    DefaultMQPushConsumer, MQPushConsumer, MessageListenerConcurrently, OffsetAdmin, PullStatus,
+    RouteAdmin, SendStatus, TopicAdmin,
+};
+use rocketmq_model::common::config::TopicConfig;
+use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
+use rocketmq_model::common::message::message_ext::MessageExt;
+use rocketmq_model::common::message::message_queue::MessageQueue;
+use rocketmq_model::common::message::message_single::Message;
+use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MqError {
+    #[error("{op} failed: {source}")]
+    Client {
+        op: &'static str,
+        source: ClientError,
+    },
+    #[error("{op} did not answer within {after:?}")]
+    Timeout { op: &'static str, after: Duration },
+    #[error(
+        "no broker is registered with the NameServer at {namesrv}; is the broker up? (`./scripts/stack.sh up`)"
+    )]
+    NoBroker { namesrv: String },
+    #[error(
+        "the NameServer has no route for topic {topic} a minute after it was created; check the broker log"
+    )]
+    NoRoute { topic: String },
+}
+
+/// Runs `fut` under a deadline, naming the operation in the error.
+async fn bounded<T>(
+    op: &'static str,
+    after: Duration,
+    fut: impl Future<Output = ClientResult<T>>,
+) -> Result<T, MqError> {
+    // Boxed: the client's futures are deep enough to overflow the compiler's
+    // layout recursion limit in every crate that awaits them.
+    match tokio::time::timeout(after, Box::pin(fut)).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(source)) => Err(MqError::Client { op, source }),
+        Err(_) => Err(MqError::Timeout { op, after }),
+    }
+}
+
+fn to_message(m: OutgoingMessage) -> Result<Message, rocketmq_error::Error> {
+    let mut b = Message::builder().topic(m.topic).tags(m.tag);
+    if !m.keys.is_empty() {
+        b = b.keys(m.keys);
+    }
+    for (k, v) in m.properties {
+        b = b.raw_property(k, v)?;
+    }
+    if let Some(at) = m.deliver_time_ms {
+        b = b.deliver_time_ms(at);
+    }
+    b.body(m.body).build()
+}
+
+fn failure(e: &ClientError) -> SendOutcome {
+    match classify(e) {
+        FailureKind::Unknown(cause) => SendOutcome::Unknown {
+            cause,
+            detail: e.to_string(),
+        },
+        FailureKind::Definite(cause) => SendOutcome::DefiniteFailure {
+            cause,
+            detail: e.to_string(),
+        },
+    }
+}
+
+fn receipt(r: rocketmq_client_rust::SendResult) -> SendOutcome {
+    let receipt = SendReceipt {
+        broker_msg_id: r.msg_id.as_ref().map(|s| s.to_string()).unwrap_or_default(),
+        offset_msg_id: r.offset_msg_id.clone(),
+        queue_id: r.message_queue.as_ref().map(|q| q.queue_id()),
+        queue_offset: r.queue_offset,
+    };
+    match r.send_status {
+        SendStatus::SendOk => SendOutcome::Confirmed(receipt),
+        other => SendOutcome::Unknown {
+            cause: UnknownCause::NotDurable,
+            detail: format!("broker stored the message with status {other:?}"),
+        },
+    }
+}
+
+/// A started producer. Clones share one client; sends take `&self`.
+#[derive(Clone)]
+pub struct RocketProducer {
+    inner: DefaultMQProducer,
+}
+
+impl RocketProducer {
+    pub async fn start(
+        rt: Arc<ClientRuntime>,
+        namesrv: &str,
+        group: &str,
+        default_timeout: Duration,
+        retries: u32,
+    ) -> Result<Self, MqError> {
+        let mut inner = DefaultMQProducer::builder(rt)
+            .producer_group(group.to_owned())
+            .name_server_addr(namesrv.to_owned())
+            .send_msg_timeout(default_timeout.as_millis() as u32)
+            .retry_times_when_send_failed(retries)
+            .build();
+        Box::pin(inner.start())
+            .await
+            .map_err(|source| MqError::Client {
+                op: "producer start",
+                source,
+            })?;
+        Ok(Self { inner })
+    }
+
+    /// Stops the shared client (every clone).
+    pub async fn shutdown(mut self) {
+        Box::pin(self.inner.shutdown()).await;
+    }
+}
+
+impl Producer for RocketProducer {
+    async fn send(&self, msg: OutgoingMessage, timeout: Duration) -> SendOutcome {
+        let msg = match to_message(msg) {
+            Ok(m) => m,
+            Err(e) => {
+                return SendOutcome::DefiniteFailure {
+                    cause: DefiniteCause::InvalidArgument,
+                    detail: e.to_string(),
+                };
+            }
+        };
+        // Our own deadline is a safety net a little past the client's: if it
+        // fires, the request may be in flight, so the outcome is UNKNOWN.
+        let guard = timeout + Duration::from_millis(500);
+        let send = Box::pin(
+            self.inner
+                .send_with_timeout(msg, timeout.as_millis() as u64),
+        );
+        match tokio::time::timeout(guard, send).await {
+            Ok(Ok(Some(r))) => receipt(r),
+            Ok(Ok(None)) => SendOutcome::Unknown {
+                cause: UnknownCause::Unrecognized,
+                detail: "synchronous send returned no result".into(),
+            },
+            Ok(Err(e)) => failure(&e),
+            Err(_) => SendOutcome::Unknown {
+                cause: UnknownCause::Timeout,
+                detail: format!("no answer within {guard:?}"),
+            },
+        }
+    }
+
+    async fn send_batch(&self, msgs: Vec<OutgoingMessage>, timeout: Duration) -> SendOutcome {
+        if msgs.is_empty() {
+            return SendOutcome::DefiniteFailure {
+                cause: DefiniteCause::InvalidArgument,
+                detail: "empty batch".into(),
+            };
+        }
+        let mut built = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            if m.deliver_time_ms.is_some() {
+                return SendOutcome::DefiniteFailure {
+                    cause: DefiniteCause::InvalidArgument,
+                    detail: "delayed messages cannot be batched".into(),
+                };
+            }
+            match to_message(m) {
+                Ok(m) => built.push(m),
+                Err(e) => {
+                    return SendOutcome::DefiniteFailure {
+                        cause: DefiniteCause::InvalidArgument,
+                        detail: e.to_string(),
+                    };
+                }
+            }
+        }
+        let guard = timeout + Duration::from_millis(500);
+        let send = Box::pin(
+            self.inner
+                .send_batch_with_timeout(built, timeout.as_millis() as u64),
+        );
+        match tokio::time::timeout(guard, send).await {
+            Ok(Ok(r)) => receipt(r),
+            Ok(Err(e)) => failure(&e),
+            Err(_) => SendOutcome::Unknown {
+                cause: UnknownCause::Timeout,
+                detail: format!("no answer within {guard:?}"),
+            },
+        }
+    }
+}
+
+fn incoming(m: &MessageExt) -> IncomingMessage {
+    let properties: BTreeMap<String, String> = m
+        .properties()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let keys = properties
+        .get("KEYS")
+        .map(|k| {
+            k.split(' ')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    IncomingMessage {
+        topic: m.topic().to_string(),
+        tag: properties.get("TAGS").cloned(),
+        keys,
+        properties,
+        body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
+        broker_msg_id: m.msg_id().to_string(),
+        queue_id: m.queue_id(),
+        queue_offset: m.queue_offset(),
+        reconsume_times: m.reconsume_times(),
+        store_timestamp_ms: m.store_timestamp(),
+        born_timestamp_ms: m.born_timestamp(),
+    }
+}
+
+/// Bridges the client's synchronous listener to an async [`Handler`].
+struct Listener<H> {
+    handler: Arc<H>,
+    rt: tokio::runtime::Handle,
+}
+
+impl<H: Handler> MessageListenerConcurrently for Listener<H> {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _ctx: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        let batch: Vec<IncomingMessage> = msgs.iter().map(|m| incoming(m)).collect();
+        let handler = self.handler.clone();
+        // The listener runs on a blocking thread of the engine's runtime
+        // (ROCKETMQ.md), so blocking on the runtime here is allowed. The
+        // handler runs as its own task: a panic in it becomes a retry, never
+        // an ACK and never a dead listener thread.
+        let verdict = self
+            .rt
+            .block_on(self.rt.spawn(async move { handler.handle(batch).await }));
+        Ok(match verdict {
+            Ok(ConsumeVerdict::Ack) => ConsumeConcurrentlyStatus::ConsumeSuccess,
+            Ok(ConsumeVerdict::Retry) => ConsumeConcurrentlyStatus::ReconsumeLater,
+            Err(e) => {
+                tracing::error!(error = %e, "consumer handler panicked; asking for redelivery");
+                ConsumeConcurrentlyStatus::ReconsumeLater
+            }
+        })
+    }
+}
+
+/// A started push consumer.
+pub struct RocketConsumer {
+    inner: DefaultMQPushConsumer,
+    group: String,
+}
+
+impl RocketConsumer {
+    pub async fn start<H: Handler>(
+        rt: Arc<ClientRuntime>,
+        namesrv: &str,
+        spec: &ConsumerSpec,
+        handler: Arc<H>,
+    ) -> Result<Self, MqError> {
+        let mut inner = DefaultMQPushConsumer::builder(rt)
+            .consumer_group(spec.group.clone())
+            .name_server_addr(namesrv.to_owned())
+            .consume_thread_min(spec.threads)
+            .consume_thread_max(spec.threads)
+            .pull_batch_size(spec.pull_batch)
+            .pull_threshold_for_queue(spec.pull_threshold_per_queue)
+            .consume_message_batch_max_size(spec.batch_max)
+            .max_reconsume_times(spec.max_reconsume_times)
+            .consume_from_where(match spec.start_from {
+                StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
+                StartFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
+            })
+            .build();
+        Box::pin(inner.subscribe(spec.topic.clone(), spec.tags.clone()))
+            .await
+            .map_err(|source| MqError::Client {
+                op: "subscribe",
+                source,
+            })?;
+        inner.register_message_listener_concurrently(Listener {
+            handler,
+            rt: tokio::runtime::Handle::current(),
+        });
+        Box::pin(inner.start())
+            .await
+            .map_err(|source| MqError::Client {
+                op: "consumer start",
+                source,
+            })?;
+        Ok(Self {
+            inner,
+            group: spec.group.clone(),
+        })
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    pub async fn shutdown(mut self) {
+        Box::pin(self.inner.shutdown()).await;
+    }
+}
+
+/// Messages read straight from a queue, and where to continue.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    pub messages: Vec<IncomingMessage>,
+    pub next_offset: i64,
+}
+
+/// Min and max offsets of one queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueOffsets {
+    pub queue_id: i32,
+    pub min: i64,
+    pub max: i64,
+}
+
+/// Topic, group and lag administration, and the probes `health` uses.
+pub struct RocketAdmin {
+    inner: DefaultMQAdminExt,
+    namesrv: String,
+    timeout: Duration,
+}
+
+impl RocketAdmin {
+    /// Starting does not contact the NameServer; the first call does.
+    pub async fn start(
+        rt: Arc<ClientRuntime>,
+        namesrv: &str,
+        timeout: Duration,
+    ) -> Result<Self, MqError> {
+        let mut inner = DefaultMQAdminExt::with_timeout(rt, timeout);
+        inner.set_namesrv_addr(namesrv);
+        Box::pin(inner.start())
+            .await
+            .map_err(|source| MqError::Client {
+                op: "admin start",
+                source,
+            })?;
+        Ok(Self {
+            inner,
+            namesrv: namesrv.to_owned(),
+            timeout,
+        })
+    }
+
+    pub async fn shutdown(mut self) {
+        Box::pin(self.inner.shutdown()).await;
+    }
+
+    pub fn namesrv(&self) -> &str {
+        &self.namesrv
+    }
+
+    /// One cheap request to the NameServer.
+    pub async fn ping_namesrv(&self) -> Result<(), MqError> {
+        bounded(
+            "NameServer probe",
+            self.timeout,
+            self.inner.probe_name_server(self.namesrv.clone().into()),
+        )
+        .await
+    }
+
+    /// Master brokers registered with the NameServer.
+    pub async fn brokers(&self) -> Result<Vec<BrokerInfo>, MqError> {
+        let info = bounded(
+            "cluster info",
+            self.timeout,
+            self.inner.examine_broker_cluster_info(),
+        )
+        .await?;
+        let mut clusters: BTreeMap<String, String> = BTreeMap::new();
+        for (cluster, names) in info.cluster_addr_table.clone().unwrap_or_default() {
+            for name in names {
+                clusters.insert(name.to_string(), cluster.to_string());
+            }
+        }
+        let mut out = Vec::new();
+        for (name, data) in info.broker_addr_table.unwrap_or_default() {
+            if let Some(addr) = data.broker_addrs().get(&0) {
+                out.push(BrokerInfo {
+                    cluster: clusters.get(name.as_str()).cloned().unwrap_or_default(),
+                    name: name.to_string(),
+                    addr: addr.to_string(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn master_addrs(&self) -> Result<Vec<String>, MqError> {
+        let brokers = self.brokers().await?;
+        if brokers.is_empty() {
+            return Err(MqError::NoBroker {
+                namesrv: self.namesrv.clone(),
+            });
+        }
+        Ok(brokers.into_iter().map(|b| b.addr).collect())
+    }
+
+    /// Asks the broker itself (not the NameServer's possibly stale view) for
+    /// its runtime stats, and returns its version.
+    pub async fn broker_version(&self, addr: &str) -> Result<String, MqError> {
+        let kv = bounded(
+            "broker runtime stats",
+            self.timeout,
+            self.inner
+                .fetch_broker_runtime_stats(addr.to_owned().into()),
+        )
+        .await?;
+        Ok(kv
+            .table
+            .get("brokerVersionDesc")
+            .or_else(|| kv.table.get("brokerVersion"))
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "?".into()))
+    }
+
+    /// Creates or updates the topic on every master broker.
+    pub async fn ensure_topic(&self, spec: &TopicSpec) -> Result<(), MqError> {
+        for addr in self.master_addrs().await? {
+            let mut tc = TopicConfig::with_queues(spec.name.as_str(), spec.queues, spec.queues);
+            if spec.topic_type == TopicType::Delay {
+                // The leading '+' is required, or the broker drops every attribute.
+                tc.attributes.insert("+message.type".into(), "DELAY".into());
+            }
+            bounded(
+                "create topic",
+                self.timeout,
+                self.inner.create_and_update_topic_config(addr.into(), tc),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Creates or updates the consumer group on every master broker.
+    pub async fn ensure_group(&self, group: &str, retry_max_times: i32) -> Result<(), MqError> {
+        for addr in self.master_addrs().await? {
+            let mut sg = SubscriptionGroupConfig::new(group.to_owned().into());
+            sg.set_retry_max_times(retry_max_times);
+            bounded(
+                "create group",
+                self.timeout,
+                self.inner
+                    .create_and_update_subscription_group_config(addr.into(), sg),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the NameServer has a route for `topic` (the broker has
+    /// registered it).
+    pub async fn has_route(&self, topic: &str) -> Result<bool, MqError> {
+        let route = Box::pin(self.inner.examine_topic_route_info(topic.to_owned().into()));
+        match tokio::time::timeout(self.timeout, route).await {
+            Ok(Ok(Some(route))) => Ok(!route.queue_datas.is_empty()),
+            Ok(Ok(None)) => Ok(false),
+            Ok(Err(e)) if e.is(&rocketmq_error::ROUTE_TOPIC_NOT_FOUND) => Ok(false),
+            Ok(Err(e)) if e.to_string().contains("No topic route") => Ok(false),
+            Ok(Err(source)) => Err(MqError::Client {
+                op: "topic route",
+                source,
+            }),
+            Err(_) => Err(MqError::Timeout {
+                op: "topic route",
+                after: self.timeout,
+            }),
+        }
+    }
+
+    /// Lag of `group` on `topic` (DESIGN.md §10).
+    pub async fn lag(&self, topic: &str, group: &str) -> Result<Lag, MqError> {
+        let mut messages = 0i64;
+        for addr in self.master_addrs().await? {
+            let stats = bounded(
+                "consume stats",
+                self.timeout,
+                self.inner.examine_consume_stats(
+                    group.to_owned().into(),
+                    Some(topic.to_owned().into()),
+                    None,
+                    Some(addr.into()),
+                    Some(self.timeout.as_millis() as u64),
+                ),
+            )
+            .await?;
+            messages += stats
+                .offset_table
+                .values()
+                .map(|w| (w.get_broker_offset() - w.get_consumer_offset()).max(0))
+                .sum::<i64>();
+        }
+        let spans = bounded(
+            "consume time span",
+            self.timeout,
+            self.inner
+                .query_consume_time_span(topic.to_owned().into(), group.to_owned().into()),
+        )
+        .await?;
+        let max_delay_ms = spans.iter().map(|s| s.delay_time).max().unwrap_or(0).max(0);
+        Ok(Lag {
+            messages,
+            seconds: if messages == 0 {
+                0.0
+            } else {
+                max_delay_ms as f64 / 1000.0
+            },
+        })
+    }
+
+    /// Min and max offsets of every queue of `topic` on every master.
+    pub async fn queue_offsets(&self, topic: &str) -> Result<Vec<(String, QueueOffsets)>, MqError> {
+        let mut out = Vec::new();
+        for addr in self.master_addrs().await? {
+            let stats = bounded(
+                "topic stats",
+                self.timeout,
+                self.inner
+                    .examine_topic_stats(topic.to_owned().into(), Some(addr.clone().into())),
+            )
+            .await?;
+            for (mq, off) in stats.get_offset_table() {
+                out.push((
+                    mq.broker_name().to_string(),
+                    QueueOffsets {
+                        queue_id: mq.queue_id(),
+                        min: off.get_min_offset(),
+                        max: off.get_max_offset(),
+                    },
+                ));
+            }
+        }
+        out.sort_by_key(|(b, q)| (b.clone(), q.queue_id));
+        Ok(out)
+    }
+
+    /// Reads up to `max` messages of one queue from `offset`, e.g. of a
+    /// `%DLQ%<group>` topic, without consuming them.
+    pub async fn pull(
+        &self,
+        broker_name: &str,
+        topic: &str,
+        queue_id: i32,
+        offset: i64,
+        max: i32,
+    ) -> Result<Pulled, MqError> {
+        let brokers = self.brokers().await?;
+        let Some(broker) = brokers.iter().find(|b| b.name == broker_name) else {
+            return Err(MqError::NoBroker {
+                namesrv: self.namesrv.clone(),
+            });
+        };
+        let mq = MessageQueue::from_parts(topic, broker_name, queue_id);
+        let pr = bounded(
+            "pull",
+            self.timeout,
+            self.inner.inner().pull_message_from_queue(
+                broker.addr.as_str(),
+                &mq,
+                "*",
+                offset,
+                max,
+                self.timeout.as_millis() as u64,
+            ),
+        )
+        .await?;
+        let messages = if *pr.pull_status() == PullStatus::Found {
+            pr.msg_found_list()
+                .unwrap_or(&[])
+                .iter()
+                .map(incoming)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Pulled {
+            messages,
+            next_offset: pr.next_begin_offset() as i64,
+        })
+    }
+}

@@ -1,0 +1,55 @@
+# Shared settings for the project's scripts. Sourced, not run.
+# Everything cached lives outside the clone, so a fresh clone reuses the broker
+# binaries and the build outputs of earlier runs.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE_DIR="${SECKILL_CACHE_DIR:-$HOME/.cache/seckillctl}"
+STATE_DIR="${SECKILL_STATE_DIR:-$CACHE_DIR/stack}"
+ROCKETMQ_VERSION="1.0.0"
+ROCKETMQ_ROOT="$CACHE_DIR/rocketmq-$ROCKETMQ_VERSION"
+NAMESRV_BIN="$ROCKETMQ_ROOT/bin/rocketmq-namesrv-rust"
+BROKER_BIN="$ROCKETMQ_ROOT/bin/rocketmq-broker-rust"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
+
+PG_HOST=127.0.0.1
+PG_PORT=5432
+REDIS_PORT=6379
+NAMESRV_PORT=9876
+BROKER_PORT=10911
+export SECKILL_DATABASE_URL="${SECKILL_DATABASE_URL:-postgres://postgres@$PG_HOST:$PG_PORT/seckill}"
+export SECKILL_REDIS_URL="${SECKILL_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/}"
+export SECKILL_NAMESRV_ADDR="${SECKILL_NAMESRV_ADDR:-127.0.0.1:$NAMESRV_PORT}"
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# True when something accepts TCP connections on 127.0.0.1:$1.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# wait_until SECONDS DESCRIPTION CMD...: poll CMD every 0.5 s.
+wait_until() {
+  local limit=$1 what=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@"; do
+    if ((SECONDS >= deadline)); then
+      return 1
+    fi
+    sleep 0.5
+  done
+  log "$what is up"
+}
+
+need_root_for_apt() {
+  [ "$(id -u)" = 0 ] || die "$1 is missing and installing it needs root (apt-get). Install it, or run as root."
+}
+
+apt_install() {
+  need_root_for_apt "$*"
+  if [ ! -f "$STATE_DIR/.apt-updated" ]; then
+    log "apt-get update"
+    apt-get update -qq >&2
+    mkdir -p "$STATE_DIR" && touch "$STATE_DIR/.apt-updated"
+  fi
+  log "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# The local stack on loopback: PostgreSQL, Redis, RocketMQ NameServer and Broker.
+#
+#   scripts/stack.sh up       start what is missing, wait for health, create db/topics/groups
+#   scripts/stack.sh status   one row per component
+#   scripts/stack.sh down     stop only what `up` started
+#
+# A service already answering on its standard port is used as it is. What this
+# script starts is recorded under $STATE_DIR/started, and only that is stopped.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+STARTED="$STATE_DIR/started"
+mkdir -p "$STATE_DIR" "$STARTED"
+
+mark_started() { touch "$STARTED/$1"; }
+
+# --- PostgreSQL --------------------------------------------------------------
+pg_ready() { pg_isready -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null; }
+
+pg_up() {
+  if pg_ready; then log "postgresql already answering on $PG_PORT"; return; fi
+  if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+    apt_install postgresql postgresql-client
+  fi
+  local ver; ver=$(ls /etc/postgresql | sort -V | tail -n1)
+  local hba="/etc/postgresql/$ver/main/pg_hba.conf"
+  # A loopback-only development cluster: trust on 127.0.0.1, as on the CI machines.
+  if ! grep -q 'seckillctl-loopback' "$hba"; then
+    sed -i '1i host all all 127.0.0.1/32 trust # seckillctl-loopback\nhost all all ::1/128 trust # seckillctl-loopback' "$hba"
+  fi
+  log "starting postgresql $ver"
+  pg_ctlcluster --skip-systemctl-redirect "$ver" main start >&2
+  echo "$ver" > "$STARTED/postgresql"
+  wait_until 60 postgresql pg_ready || die "postgresql did not become ready on $PG_PORT (see /var/log/postgresql)"
+}
+
+pg_setup() {
+  local exists
+  exists=$(psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'seckill'")
+  if [ "$exists" != 1 ]; then
+    log "creating database seckill"
+    psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -qc 'CREATE DATABASE seckill' >&2
+  fi
+}
+
+# --- Redis -------------------------------------------------------------------
+redis_ready() { [ "$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+
+redis_up() {
+  if redis_ready; then log "redis already answering on $REDIS_PORT"; return; fi
+  command -v redis-server >/dev/null || apt_install redis-server
+  log "starting redis"
+  mkdir -p "$STATE_DIR/redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no \
+    --dir "$STATE_DIR/redis" --logfile "$STATE_DIR/redis/redis.log" >&2
+  mark_started redis
+  wait_until 30 redis redis_ready || die "redis did not answer PING on $REDIS_PORT (see $STATE_DIR/redis/redis.log)"
+}
+
+# --- RocketMQ ----------------------------------------------------------------
+rocketmq_install() {
+  if [ -x "$NAMESRV_BIN" ] && [ -x "$BROKER_BIN" ]; then return; fi
+  command -v cc >/dev/null || apt_install build-essential
+  log "building rocketmq-namesrv and rocketmq-broker $ROCKETMQ_VERSION into $ROCKETMQ_ROOT (once; 10-20 min on 2 cores)"
+  CARGO_TARGET_DIR="$CACHE_DIR/rocketmq-build" cargo install --locked --root "$ROCKETMQ_ROOT" \
+    "rocketmq-namesrv@$ROCKETMQ_VERSION" "rocketmq-broker@$ROCKETMQ_VERSION" >&2
+  # The intermediate build is 2+ GB and never needed again.
+  rm -rf "$CACHE_DIR/rocketmq-build"
+}
+
+namesrv_up() {
+  if port_open "$NAMESRV_PORT"; then log "rocketmq nameserver already answering on $NAMESRV_PORT"; return; fi
+  local home="$STATE_DIR/namesrv"
+  mkdir -p "$home"
+  log "starting rocketmq nameserver"
+  ROCKETMQ_HOME="$home" nohup "$NAMESRV_BIN" --bindAddress 127.0.0.1 --listenPort "$NAMESRV_PORT" \
+    --rocketmqHome "$home" >"$home/namesrv.log" 2>&1 &
+  echo $! > "$STARTED/namesrv"
+  wait_until 60 "rocketmq nameserver" port_open "$NAMESRV_PORT" \
+    || die "nameserver did not listen on $NAMESRV_PORT (see $home/namesrv.log)"
+}
+
+broker_up() {
+  if port_open "$BROKER_PORT"; then log "rocketmq broker already answering on $BROKER_PORT"; return; fi
+  local home="$STATE_DIR/broker"
+  mkdir -p "$home/store"
+  cat > "$home/broker.toml" <<TOML
+[broker]
+namesrvAddr = "127.0.0.1:$NAMESRV_PORT"
+brokerIp1 = "127.0.0.1"
+listenPort = $BROKER_PORT
+storePathRootDir = "$home/store"
+[broker.brokerServerConfig]
+bindAddress = "127.0.0.1"
+[broker.brokerIdentity]
+brokerName = "broker-a"
+brokerClusterName = "DefaultCluster"
+brokerId = 0
+[store]
+storeType = "LocalFile"
+brokerRole = "ASYNC_MASTER"
+storePathRootDir = "$home/store"
+haListenAddress = "127.0.0.1"
+haListenPort = 10912
+TOML
+  log "starting rocketmq broker"
+  ROCKETMQ_HOME="$home" nohup "$BROKER_BIN" -c "$home/broker.toml" >"$home/broker.log" 2>&1 &
+  echo $! > "$STARTED/broker"
+  wait_until 90 "rocketmq broker" port_open "$BROKER_PORT" \
+    || die "broker did not listen on $BROKER_PORT (see $home/broker.log)"
+}
+
+seckillctl() {
+  cargo build -q -p seckillctl --manifest-path "$ROOT/Cargo.toml" >&2
+  "$CARGO_TARGET_DIR/debug/seckillctl" "$@"
+}
+
+up() {
+  pg_up
+  redis_up
+  rocketmq_install
+  namesrv_up
+  broker_up
+  pg_setup
+  # Topics with the queue counts of DESIGN.md §3 and groups with retryMaxTimes.
+  # The broker registers with the nameserver a moment after it listens, so this retries.
+  seckillctl mq setup --wait 60s
+  status
+}
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+stop_pid() {
+  local name=$1 file="$STARTED/$1"
+  [ -f "$file" ] || return 0
+  if pid_alive "$file"; then
+    log "stopping $name"
+    kill "$(cat "$file")" 2>/dev/null || true
+    for _ in $(seq 1 40); do pid_alive "$file" || break; sleep 0.25; done
+    pid_alive "$file" && kill -9 "$(cat "$file")" 2>/dev/null || true
+  fi
+  rm -f "$file"
+}
+
+down() {
+  stop_pid broker
+  stop_pid namesrv
+  if [ -f "$STARTED/redis" ]; then
+    log "stopping redis"
+    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+    rm -f "$STARTED/redis"
+  fi
+  if [ -f "$STARTED/postgresql" ]; then
+    log "stopping postgresql"
+    pg_ctlcluster --skip-systemctl-redirect "$(cat "$STARTED/postgresql")" main stop >&2 || true
+    rm -f "$STARTED/postgresql"
+  fi
+  log "stopped what stack.sh started; services it found running were left alone"
+}
+
+row() { printf '%-18s %-22s %-10s %s\n' "$@"; }
+
+status() {
+  local rc=0 v
+  row COMPONENT ENDPOINT VERSION HEALTH
+  if pg_ready; then
+    v=$(psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -tAc 'SHOW server_version' 2>/dev/null | cut -d' ' -f1)
+    row postgresql "$PG_HOST:$PG_PORT" "${v:-?}" healthy
+  else row postgresql "$PG_HOST:$PG_PORT" - DOWN; rc=1; fi
+  if redis_ready; then
+    v=$(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" info server | tr -d '\r' | sed -n 's/^redis_version://p')
+    row redis "127.0.0.1:$REDIS_PORT" "${v:-?}" healthy
+  else row redis "127.0.0.1:$REDIS_PORT" - DOWN; rc=1; fi
+  if port_open "$NAMESRV_PORT"; then row rocketmq-namesrv "127.0.0.1:$NAMESRV_PORT" "$ROCKETMQ_VERSION" healthy
+  else row rocketmq-namesrv "127.0.0.1:$NAMESRV_PORT" - DOWN; rc=1; fi
+  if port_open "$BROKER_PORT"; then row rocketmq-broker "127.0.0.1:$BROKER_PORT" "$ROCKETMQ_VERSION" healthy
+  else row rocketmq-broker "127.0.0.1:$BROKER_PORT" - DOWN; rc=1; fi
+  return $rc
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
