@@ -1,1 +1,216 @@
-//! Shared harness for the integration tests: each test gets its own database, Redis key prefix and topic/group prefix.
+//! Shared harness for the integration tests. Every test gets its own
+//! PostgreSQL database (created, migrated, dropped), its own Redis key prefix
+//! and its own topic and consumer-group prefix, so tests run in parallel and
+//! in any order against the one real stack (`./scripts/stack.sh up`).
+
+use anyhow::Result;
+use redis::aio::ConnectionManager;
+use seckill_engine::config::Config;
+use seckill_engine::mq::Names;
+use seckill_engine::mq::rocket::RocketAdmin;
+use seckill_engine::runtime::ClientRuntime;
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::PgPool;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The stack's coordinates; the same environment variables as the CLI.
+fn base_config() -> Config {
+    let mut cfg = Config::default();
+    if let Ok(v) = std::env::var("SECKILL_DATABASE_URL") {
+        cfg.database_url = SecretString::from(v);
+    }
+    if let Ok(v) = std::env::var("SECKILL_REDIS_URL") {
+        cfg.redis_url = SecretString::from(v);
+    }
+    if let Ok(v) = std::env::var("SECKILL_NAMESRV_ADDR") {
+        cfg.namesrv_addr = v;
+    }
+    cfg
+}
+
+/// One test's private slice of the stack.
+pub struct TestEnv {
+    /// Points at this test's database, key prefix and topic prefix.
+    pub cfg: Config,
+    pub pool: PgPool,
+    pub redis: ConnectionManager,
+    pub names: Names,
+    pub rt: Arc<ClientRuntime>,
+    pub admin: RocketAdmin,
+    /// A lowercase unique token, also the database name's suffix.
+    pub token: String,
+}
+
+/// Which parts of the stack a test needs set up before it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// Database created but left empty (no migrations).
+    EmptyDatabase,
+    /// Migrated database, topics and groups created.
+    Full,
+}
+
+fn url_with_database(url: &str, db: &str) -> String {
+    // Replace the path segment after the authority; keep any query string.
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[scheme_end..].find('/').map(|i| i + scheme_end);
+    let root = path_start.map_or(base, |i| &base[..i]);
+    match query {
+        Some(q) => format!("{root}/{db}?{q}"),
+        None => format!("{root}/{db}"),
+    }
+}
+
+/// Runs `body` with a fresh [`TestEnv`] on the engine's runtime, then drops
+/// the database and the Redis keys, whether the body passed, failed or panicked.
+pub fn run<F, Fut>(setup: Setup, body: F)
+where
+    F: FnOnce(TestEnv) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let outcome = seckill_engine::runtime::run(|rt| async move {
+        let token = ulid::Ulid::new().to_string().to_lowercase();
+        let base = base_config();
+        let admin_url = url_with_database(base.database_url.expose_secret(), "postgres");
+        let db_name = format!("seckill_t_{token}");
+        let admin_pool = match PgPool::connect(&admin_url).await {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(
+                    "connect to the postgres database; is the stack up? (./scripts/stack.sh up)",
+                ));
+            }
+        };
+        if let Err(e) = sqlx::query(&format!("CREATE DATABASE \"{db_name}\""))
+            .execute(&admin_pool)
+            .await
+        {
+            return Err(anyhow::Error::new(e).context("create the test database"));
+        }
+
+        let mut cfg = base.clone();
+        cfg.database_url = SecretString::from(url_with_database(
+            base.database_url.expose_secret(),
+            &db_name,
+        ));
+        cfg.topic_prefix = format!("T{}_", token.to_uppercase());
+        cfg.redis_prefix = format!("t{token}");
+        cfg.pg.max_connections = 8;
+
+        let result = start(setup, &cfg, rt.clone(), token.clone(), body).await;
+        cleanup(&admin_pool, &db_name, &cfg).await;
+        admin_pool.close().await;
+        result
+    })
+    .expect("build the runtime");
+    match outcome {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => panic!("test failed: {e:#}"),
+        Ok(Err(join)) => match join.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("test task was cancelled: {e}"),
+        },
+        Err(e) => panic!("test setup failed: {e:#}"),
+    }
+}
+
+type BodyResult = std::result::Result<Result<()>, tokio::task::JoinError>;
+
+async fn start<F, Fut>(
+    setup: Setup,
+    cfg: &Config,
+    rt: Arc<ClientRuntime>,
+    token: String,
+    body: F,
+) -> Result<BodyResult>
+where
+    F: FnOnce(TestEnv) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let pool = seckill_engine::db::connect_unchecked(cfg).await?;
+    let redis = seckill_engine::redis_conn::connect(cfg).await?;
+    let names = Names::new(cfg.topic_prefix.clone());
+    let admin = RocketAdmin::start(rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?;
+    if setup == Setup::Full {
+        seckill_engine::db::migrate(&pool).await?;
+        seckill_engine::mq::setup(&admin, &names, cfg.mq.max_reconsume_times).await?;
+    }
+    let env = TestEnv {
+        cfg: cfg.clone(),
+        pool: pool.clone(),
+        redis,
+        names,
+        rt,
+        admin,
+        token,
+    };
+    // The body runs as its own task, so a panic in it still reaches the
+    // caller's cleanup.
+    let out = tokio::spawn(body(env)).await;
+    pool.close().await;
+    Ok(out)
+}
+
+async fn cleanup(admin_pool: &PgPool, db_name: &str, cfg: &Config) {
+    let _ = sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
+    ))
+    .execute(admin_pool)
+    .await;
+    if let Ok(mut redis) = seckill_engine::redis_conn::connect(cfg).await {
+        let pattern = format!("{}:*", cfg.redis_prefix);
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(&mut redis)
+            .await
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await;
+        }
+    }
+}
+
+/// Polls `probe` until it returns `Some`, or fails after `limit` naming `what`.
+/// Waiting on an observable condition, never on a fixed sleep.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe().await? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("timed out after {limit:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_with_database;
+
+    #[test]
+    fn swaps_the_database() {
+        assert_eq!(
+            url_with_database("postgres://u@h:5432/seckill", "x"),
+            "postgres://u@h:5432/x"
+        );
+        assert_eq!(
+            url_with_database("postgres://u@h:5432", "x"),
+            "postgres://u@h:5432/x"
+        );
+        assert_eq!(
+            url_with_database("postgres://u@h/seckill?sslmode=disable", "x"),
+            "postgres://u@h/x?sslmode=disable"
+        );
+    }
+}

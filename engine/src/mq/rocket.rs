@@ -10,8 +10,8 @@ use super::{
 use rocketmq_client_rust::{
     BrokerAdmin, ClientError, ClientResult, ClientRuntime, ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus, ConsumerAdmin, DefaultMQAdminExt, DefaultMQProducer,
-    DefaultMQPushConsumer, MQPushConsumer, MessageListenerConcurrently, OffsetAdmin, PullStatus,
-    RouteAdmin, SendStatus, TopicAdmin,
+    DefaultMQPushConsumer, MQPushConsumer, MessageListenerConcurrently, PullStatus, RouteAdmin,
+    SendStatus, TopicAdmin,
 };
 use rocketmq_model::common::config::TopicConfig;
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
@@ -502,9 +502,16 @@ impl RocketAdmin {
     }
 
     /// Lag of `group` on `topic` (DESIGN.md §10).
+    ///
+    /// `lag_seconds` is read from the message itself: for every queue with a
+    /// backlog, the store time of the message at the consumer offset. The
+    /// broker's `query_consume_time_span` reports 0 for queues whose offsets
+    /// the group has not committed yet, which is exactly when a stuck
+    /// consumer matters, so it is not used.
     pub async fn lag(&self, topic: &str, group: &str) -> Result<Lag, MqError> {
         let mut messages = 0i64;
-        for addr in self.master_addrs().await? {
+        let mut oldest_store_ms: Option<i64> = None;
+        for broker in self.brokers().await? {
             let stats = bounded(
                 "consume stats",
                 self.timeout,
@@ -512,32 +519,41 @@ impl RocketAdmin {
                     group.to_owned().into(),
                     Some(topic.to_owned().into()),
                     None,
-                    Some(addr.into()),
+                    Some(broker.addr.clone().into()),
                     Some(self.timeout.as_millis() as u64),
                 ),
             )
             .await?;
-            messages += stats
-                .offset_table
-                .values()
-                .map(|w| (w.get_broker_offset() - w.get_consumer_offset()).max(0))
-                .sum::<i64>();
+            for (mq, w) in &stats.offset_table {
+                let (consumer, head) = (w.get_consumer_offset().max(0), w.get_broker_offset());
+                if head <= consumer {
+                    continue;
+                }
+                messages += head - consumer;
+                let pulled = self
+                    .pull_at(
+                        &broker.addr,
+                        mq.topic().as_str(),
+                        mq.broker_name().as_str(),
+                        mq.queue_id(),
+                        consumer,
+                        1,
+                    )
+                    .await?;
+                if let Some(m) = pulled.messages.first() {
+                    oldest_store_ms = Some(
+                        oldest_store_ms
+                            .map_or(m.store_timestamp_ms, |o| o.min(m.store_timestamp_ms)),
+                    );
+                }
+            }
         }
-        let spans = bounded(
-            "consume time span",
-            self.timeout,
-            self.inner
-                .query_consume_time_span(topic.to_owned().into(), group.to_owned().into()),
-        )
-        .await?;
-        let max_delay_ms = spans.iter().map(|s| s.delay_time).max().unwrap_or(0).max(0);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
         Ok(Lag {
             messages,
-            seconds: if messages == 0 {
-                0.0
-            } else {
-                max_delay_ms as f64 / 1000.0
-            },
+            seconds: oldest_store_ms.map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0),
         })
     }
 
@@ -583,12 +599,25 @@ impl RocketAdmin {
                 namesrv: self.namesrv.clone(),
             });
         };
+        self.pull_at(&broker.addr, topic, broker_name, queue_id, offset, max)
+            .await
+    }
+
+    async fn pull_at(
+        &self,
+        addr: &str,
+        topic: &str,
+        broker_name: &str,
+        queue_id: i32,
+        offset: i64,
+        max: i32,
+    ) -> Result<Pulled, MqError> {
         let mq = MessageQueue::from_parts(topic, broker_name, queue_id);
         let pr = bounded(
             "pull",
             self.timeout,
             self.inner.inner().pull_message_from_queue(
-                broker.addr.as_str(),
+                addr,
                 &mq,
                 "*",
                 offset,
