@@ -29,8 +29,13 @@ pg_up() {
   if ! grep -q 'seckillctl-loopback' "$hba"; then
     sed -i '1i host all all 127.0.0.1/32 trust # seckillctl-loopback\nhost all all ::1/128 trust # seckillctl-loopback' "$hba"
   fi
-  log "starting postgresql $ver"
-  pg_ctlcluster --skip-systemctl-redirect "$ver" main start >&2
+  if pg_ctlcluster --skip-systemctl-redirect "$ver" main status >/dev/null 2>&1; then
+    # apt-get may have started it already, before the trust lines existed.
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main reload >&2
+  else
+    log "starting postgresql $ver"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main start >&2
+  fi
   echo "$ver" > "$STARTED/postgresql"
   wait_until 60 postgresql pg_ready || die "postgresql did not become ready on $PG_PORT (see /var/log/postgresql)"
 }

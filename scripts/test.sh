@@ -12,6 +12,11 @@ started=$SECONDS
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
+log "engine stays headless: no UI crates in cargo tree -p seckill-engine"
+if cargo tree --locked -p seckill-engine -e normal --prefix none | grep -E '^(clap|ratatui|crossterm|comfy-table) '; then
+  die "seckill-engine depends on a UI crate (above); keep UI code in cli/ and tui/"
+fi
+
 log "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

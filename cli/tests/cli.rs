@@ -1,0 +1,73 @@
+//! The binary's contract with scripts: exit codes, JSON output, no secrets.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn seckillctl(args: &[&str]) -> (Output, Duration) {
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_seckillctl"))
+        .args(args)
+        .env_remove("SECKILL_DATABASE_URL")
+        .env_remove("SECKILL_CONFIG")
+        .output()
+        .expect("run seckillctl");
+    (out, started.elapsed())
+}
+
+#[test]
+fn an_unreachable_database_exits_3_and_names_the_fix() {
+    let (out, _) = seckillctl(&[
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/x",
+        "db",
+        "status",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stack.sh up"), "{err}");
+}
+
+#[test]
+fn a_bad_flag_value_exits_64() {
+    let (out, _) = seckillctl(&["--topic-prefix", "bad prefix!", "config"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("topic prefix"));
+}
+
+#[test]
+fn config_never_prints_the_password() {
+    let (out, _) = seckillctl(&[
+        "--database-url",
+        "postgres://app:hunter2@127.0.0.1/seckill",
+        "config",
+        "--output",
+        "json",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("hunter2"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(json["database_url"], "postgres://app:***@127.0.0.1/seckill");
+}
+
+#[test]
+fn health_reports_a_dead_nameserver_quickly_with_exit_3() {
+    let (out, took) = seckillctl(&[
+        "--namesrv-addr",
+        "127.0.0.1:1",
+        "health",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let ns = json["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["component"] == "rocketmq-namesrv")
+        .expect("namesrv row");
+    assert_eq!(ns["state"], "DOWN");
+    assert!(ns["detail"].as_str().is_some_and(|d| !d.is_empty()));
+}
