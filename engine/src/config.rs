@@ -23,6 +23,49 @@ pub struct Config {
     pub redis_prefix: String,
     pub pg: PgConfig,
     pub mq: MqConfig,
+    pub publisher: PublisherConfig,
+    pub scanner: ScannerConfig,
+    pub consumer: ConsumerConfig,
+}
+
+/// The micro-batching publisher (DESIGN.md §6).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PublisherConfig {
+    /// Reservations per batch request; 1 sends each on its own.
+    pub batch_max: usize,
+    /// How long the first reservation of a batch waits for company.
+    pub linger_ms: u64,
+    /// Batch requests in flight at once.
+    pub in_flight: usize,
+    /// Reservations waiting for a batch; past this, ingress sheds load.
+    pub queue_capacity: usize,
+}
+
+/// The pending-reservation scanner (seed §13).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScannerConfig {
+    pub interval_ms: u64,
+    /// Reservations claimed per pass, per activity.
+    pub batch: usize,
+    /// A claim's lease: another instance may take over once it expires.
+    pub lease_ms: u64,
+    /// Before the scanner first looks at a new reservation: the in-process
+    /// send normally confirms well inside this.
+    pub first_retry_after_ms: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+/// The order-create consumer (DESIGN.md §7).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// Messages per listener call and per PostgreSQL transaction; 1 is supported.
+    pub batch_max: u32,
+    /// Listener threads: bounded by the PostgreSQL budget (seed §22).
+    pub threads: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,6 +97,9 @@ impl Default for Config {
             redis_prefix: "seckill".to_owned(),
             pg: PgConfig::default(),
             mq: MqConfig::default(),
+            publisher: PublisherConfig::default(),
+            scanner: ScannerConfig::default(),
+            consumer: ConsumerConfig::default(),
         }
     }
 }
@@ -75,6 +121,39 @@ impl Default for MqConfig {
             send_retries: 2,
             max_reconsume_times: 3,
             admin_timeout_ms: 3_000,
+        }
+    }
+}
+
+impl Default for PublisherConfig {
+    fn default() -> Self {
+        Self {
+            batch_max: 32,
+            linger_ms: 2,
+            in_flight: 8,
+            queue_capacity: 50_000,
+        }
+    }
+}
+
+impl Default for ScannerConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 200,
+            batch: 256,
+            lease_ms: 10_000,
+            first_retry_after_ms: 3_000,
+            backoff_base_ms: 500,
+            backoff_max_ms: 30_000,
+        }
+    }
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            batch_max: 32,
+            threads: 4,
         }
     }
 }

@@ -16,10 +16,13 @@
 //! comfy-table): `cargo tree -p seckill-engine` proves it.
 
 pub mod config;
+pub mod consume;
 pub mod db;
 pub mod health;
 pub mod ids;
+pub mod message;
 pub mod mq;
 pub mod redis_conn;
+pub mod reservation;
 pub mod runtime;
 pub mod status;

@@ -1,0 +1,1 @@
+//! Order-create consumer (DESIGN.md §7). Being written.

@@ -1,0 +1,256 @@
+//! Message bodies (DESIGN.md §3): the order-create request of seed §9.1 and
+//! the cancel message of seed §19.1, with the validation that decides
+//! quarantine. Parsing is pure: a body either becomes a typed message or a
+//! [`Malformed`] naming why, and a malformed message is never retried.
+
+use crate::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
+use crate::status::QuarantineReason;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The only body version this build understands.
+pub const SCHEMA_VERSION: u32 = 1;
+pub const ORDER_CREATE_EVENT: &str = "ORDER_CREATE_REQUESTED";
+pub const CANCEL_EVENT: &str = "CANCEL_ORDER_IF_UNPAID";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceContext {
+    pub trace_id: String,
+    pub span_id: String,
+    pub traceparent: String,
+}
+
+impl TraceContext {
+    /// A fresh W3C trace context (version 00, sampled).
+    pub fn generate() -> Self {
+        let trace_id = format!("{:032x}", rand::random::<u128>());
+        let span_id = format!("{:016x}", rand::random::<u64>());
+        let traceparent = format!("00-{trace_id}-{span_id}-01");
+        Self {
+            trace_id,
+            span_id,
+            traceparent,
+        }
+    }
+}
+
+/// Seed §9.1. `message_id` is fixed before the Redis reservation and never
+/// changes; `retry_count` counts producer-side re-sends only (seed §9.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderCreateRequested {
+    pub schema_version: u32,
+    pub event_type: String,
+    pub message_id: MessageId,
+    pub message_key: ReservationId,
+    pub request_id: RequestId,
+    pub reservation_id: ReservationId,
+    pub order_id: OrderId,
+    pub activity_id: ActivityId,
+    pub sku_id: SkuId,
+    pub user_id: UserId,
+    pub quantity: i32,
+    pub reservation_created_at: DateTime<Utc>,
+    pub reservation_valid_until: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub retry_count: i32,
+    pub replay_count: i32,
+    pub producer: String,
+    pub trace: TraceContext,
+}
+
+/// Why a body can never be processed, whatever the retry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {detail}")]
+pub struct Malformed {
+    pub reason: QuarantineReason,
+    pub detail: String,
+}
+
+impl Malformed {
+    fn new(reason: QuarantineReason, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Parses and validates an order-create body.
+pub fn parse_order_create(body: &[u8]) -> Result<OrderCreateRequested, Malformed> {
+    // Look at the version first, so a newer producer's body is reported as
+    // an unsupported schema rather than as a pile of unknown fields.
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| Malformed::new(QuarantineReason::BadJson, e.to_string()))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| Malformed::new(QuarantineReason::BadJson, "body is not a JSON object"))?;
+    match obj.get("schema_version") {
+        None => {
+            return Err(Malformed::new(
+                QuarantineReason::MissingField,
+                "schema_version is missing",
+            ));
+        }
+        Some(v) if v.as_u64() != Some(SCHEMA_VERSION as u64) => {
+            return Err(Malformed::new(
+                QuarantineReason::UnsupportedSchema,
+                format!("schema_version {v} is not supported (this build reads {SCHEMA_VERSION})"),
+            ));
+        }
+        Some(_) => {}
+    }
+    let msg: OrderCreateRequested = serde_json::from_value(value).map_err(|e| {
+        let text = e.to_string();
+        let reason = if text.starts_with("missing field") {
+            QuarantineReason::MissingField
+        } else {
+            QuarantineReason::InvalidField
+        };
+        Malformed::new(reason, text)
+    })?;
+    if msg.event_type != ORDER_CREATE_EVENT {
+        return Err(Malformed::new(
+            QuarantineReason::InvalidField,
+            format!("event_type {:?} is not {ORDER_CREATE_EVENT}", msg.event_type),
+        ));
+    }
+    if msg.quantity != 1 {
+        return Err(Malformed::new(
+            QuarantineReason::InvalidField,
+            format!("quantity {} is not 1 (one unit per flash-sale order)", msg.quantity),
+        ));
+    }
+    if msg.message_key != msg.reservation_id {
+        return Err(Malformed::new(
+            QuarantineReason::InvalidField,
+            "message_key differs from reservation_id",
+        ));
+    }
+    if msg.activity_id.0 <= 0 || msg.sku_id.0 <= 0 || msg.user_id.0 <= 0 {
+        return Err(Malformed::new(
+            QuarantineReason::InvalidField,
+            "activity_id, sku_id and user_id must be positive",
+        ));
+    }
+    Ok(msg)
+}
+
+/// Seed §19.1: the delayed cancel message, published from the outbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelOrderIfUnpaid {
+    pub schema_version: u32,
+    pub event_type: String,
+    pub message_id: String,
+    pub message_key: OrderId,
+    pub order_id: OrderId,
+    pub reservation_id: ReservationId,
+    pub activity_id: ActivityId,
+    pub sku_id: SkuId,
+    pub user_id: UserId,
+    pub deliver_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub retry_count: i32,
+    pub replay_count: i32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> OrderCreateRequested {
+        let rsv = ReservationId::generate();
+        let now = Utc::now();
+        OrderCreateRequested {
+            schema_version: 1,
+            event_type: ORDER_CREATE_EVENT.into(),
+            message_id: MessageId::generate(),
+            message_key: rsv.clone(),
+            request_id: RequestId::generate(),
+            reservation_id: rsv,
+            order_id: OrderId::generate(),
+            activity_id: ActivityId(10001),
+            sku_id: SkuId(20001),
+            user_id: UserId(90000001),
+            quantity: 1,
+            reservation_created_at: now,
+            reservation_valid_until: now + chrono::Duration::minutes(5),
+            created_at: now,
+            retry_count: 0,
+            replay_count: 0,
+            producer: "seckill-engine".into(),
+            trace: TraceContext::generate(),
+        }
+    }
+
+    fn with(f: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        f(&mut v);
+        serde_json::to_vec(&v).unwrap()
+    }
+
+    #[test]
+    fn a_good_body_round_trips() {
+        let m = sample();
+        let body = serde_json::to_vec(&m).unwrap();
+        assert_eq!(parse_order_create(&body).unwrap(), m);
+    }
+
+    #[test]
+    fn the_seed_example_parses() {
+        let body = br#"{
+          "schema_version": 1, "event_type": "ORDER_CREATE_REQUESTED",
+          "message_id": "evt_01K0YV6M3RM4DAK1XKED6W9Y2Q", "message_key": "rsv_01K0YV6KZ8B8QNY6H5N6BMEPXV",
+          "request_id": "req_01K0YV6HGNMTHWMTMH0PV40T58", "reservation_id": "rsv_01K0YV6KZ8B8QNY6H5N6BMEPXV",
+          "order_id": "ord_01K0YV6MGJXYJ5SKPX0DPSV8G5", "activity_id": 10001, "sku_id": 20001,
+          "user_id": 90000001, "quantity": 1,
+          "reservation_created_at": "2026-06-25T17:00:00.123Z", "reservation_valid_until": "2026-06-25T17:05:00.123Z",
+          "created_at": "2026-06-25T17:00:00.130Z", "retry_count": 0, "replay_count": 0,
+          "producer": "seckill-access-service",
+          "trace": {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7",
+                    "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+        }"#;
+        let m = parse_order_create(body).unwrap();
+        assert_eq!(m.user_id, UserId(90000001));
+    }
+
+    #[test]
+    fn bad_bodies_are_classified_for_quarantine() {
+        let reason = |b: &[u8]| parse_order_create(b).unwrap_err().reason;
+        assert_eq!(reason(b"{not json"), QuarantineReason::BadJson);
+        assert_eq!(reason(b"[1,2]"), QuarantineReason::BadJson);
+        assert_eq!(
+            reason(&with(|v| v["schema_version"] = 2.into())),
+            QuarantineReason::UnsupportedSchema
+        );
+        assert_eq!(
+            reason(&with(|v| {
+                v.as_object_mut().unwrap().remove("schema_version");
+            })),
+            QuarantineReason::MissingField
+        );
+        assert_eq!(
+            reason(&with(|v| {
+                v.as_object_mut().unwrap().remove("order_id");
+            })),
+            QuarantineReason::MissingField
+        );
+        assert_eq!(
+            reason(&with(|v| v["message_id"] = "not-an-id".into())),
+            QuarantineReason::InvalidField
+        );
+        assert_eq!(
+            reason(&with(|v| v["quantity"] = 2.into())),
+            QuarantineReason::InvalidField
+        );
+        assert_eq!(
+            reason(&with(|v| v["event_type"] = "OTHER".into())),
+            QuarantineReason::InvalidField
+        );
+        assert_eq!(
+            reason(&with(|v| v["user_id"] = (-1).into())),
+            QuarantineReason::InvalidField
+        );
+    }
+}

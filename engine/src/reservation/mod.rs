@@ -1,0 +1,1 @@
+//! Redis reservation model (DESIGN.md §4). Being written.
