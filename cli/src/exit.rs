@@ -1,5 +1,7 @@
 //! Exit codes, chosen in one place (STYLE.md, Errors).
 
+use seckill_engine::activity::ActivityError;
+use seckill_engine::daemon::DaemonError;
 use seckill_engine::db::DbError;
 use seckill_engine::redis_conn::RedisError;
 
@@ -12,6 +14,8 @@ pub enum Exit {
     Unreachable = 3,
     /// The schema is older (or newer) than this build.
     Schema = 4,
+    /// `reconcile` found an invariant violated.
+    Violation = 5,
     /// Bad input the user can fix: a flag, an id, a config file.
     Usage = 64,
     /// Anything else that went wrong.
@@ -26,25 +30,24 @@ impl Exit {
     /// Picks the exit code for an error chain from its typed root cause.
     pub fn for_error(err: &anyhow::Error) -> Exit {
         for cause in err.chain() {
-            if let Some(e) = cause.downcast_ref::<DbError>() {
+            if let Some(e) = cause.downcast_ref::<DaemonError>() {
                 return match e {
-                    DbError::Unreachable { .. } | DbError::MissingDatabase { .. } => {
-                        Exit::Unreachable
-                    }
-                    DbError::SchemaMissing
-                    | DbError::SchemaBehind { .. }
-                    | DbError::SchemaAhead { .. }
-                    | DbError::SchemaDirty { .. }
-                    | DbError::ChecksumMismatch { .. } => Exit::Schema,
-                    DbError::BadUrl { .. } => Exit::Usage,
-                    _ => Exit::Failure,
+                    DaemonError::Db(e) => Self::for_db(e),
+                    DaemonError::Redis(e) => Self::for_redis(e),
+                    DaemonError::Mq(_) => Exit::Unreachable,
+                    DaemonError::Http(_) => Exit::Failure,
                 };
             }
+            if let Some(e) = cause.downcast_ref::<DbError>() {
+                return Self::for_db(e);
+            }
             if let Some(e) = cause.downcast_ref::<RedisError>() {
+                return Self::for_redis(e);
+            }
+            if let Some(e) = cause.downcast_ref::<ActivityError>() {
                 return match e {
-                    RedisError::Unreachable { .. } => Exit::Unreachable,
-                    RedisError::BadUrl { .. } => Exit::Usage,
-                    RedisError::Command(_) => Exit::Failure,
+                    ActivityError::Db(_) | ActivityError::Redis(_) => Exit::Failure,
+                    _ => Exit::Usage,
                 };
             }
             if cause.downcast_ref::<UsageError>().is_some() {
@@ -52,6 +55,27 @@ impl Exit {
             }
         }
         Exit::Failure
+    }
+
+    fn for_db(e: &DbError) -> Exit {
+        match e {
+            DbError::Unreachable { .. } | DbError::MissingDatabase { .. } => Exit::Unreachable,
+            DbError::SchemaMissing
+            | DbError::SchemaBehind { .. }
+            | DbError::SchemaAhead { .. }
+            | DbError::SchemaDirty { .. }
+            | DbError::ChecksumMismatch { .. } => Exit::Schema,
+            DbError::BadUrl { .. } => Exit::Usage,
+            _ => Exit::Failure,
+        }
+    }
+
+    fn for_redis(e: &RedisError) -> Exit {
+        match e {
+            RedisError::Unreachable { .. } => Exit::Unreachable,
+            RedisError::BadUrl { .. } => Exit::Usage,
+            RedisError::Command(_) => Exit::Failure,
+        }
     }
 }
 

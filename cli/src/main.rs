@@ -41,6 +41,17 @@ enum Command {
     Mq(cmd::mq::MqCmd),
     /// Show the effective configuration (secrets redacted)
     Config(cmd::config::ConfigArgs),
+    /// Activities and their stock
+    #[command(subcommand)]
+    Activity(cmd::activity::ActivityCmd),
+    /// Check the invariants of DESIGN §12; exit 5 on a violation
+    Reconcile(cmd::reconcile::ReconcileArgs),
+    /// Benchmarks against a running engine
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCmd),
+    /// The engine daemon
+    #[command(subcommand)]
+    Engine(cmd::engine::EngineCmd),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +87,10 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Health(a) => cmd::health::run(a, &cfg, rt).await,
             Command::Mq(c) => cmd::mq::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Config(a) => cmd::config::run(a, &cfg).map(|()| Exit::Ok),
+            Command::Activity(c) => cmd::activity::run(c, &cfg).await.map(|()| Exit::Ok),
+            Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
+            Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Engine(c) => cmd::engine::run(c, &cfg, rt).await.map(|()| Exit::Ok),
         }
     })?
 }

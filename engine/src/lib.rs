@@ -15,14 +15,23 @@
 //! This crate never depends on a UI crate (clap, ratatui, crossterm,
 //! comfy-table): `cargo tree -p seckill-engine` proves it.
 
+pub mod activity;
 pub mod config;
 pub mod consume;
+pub mod daemon;
 pub mod db;
+pub mod facts;
 pub mod health;
+pub mod http;
 pub mod ids;
 pub mod message;
 pub mod mq;
+pub mod publish;
+pub mod reconcile;
 pub mod redis_conn;
 pub mod reservation;
+pub mod reservation_status;
 pub mod runtime;
+pub mod scan;
+pub mod stats;
 pub mod status;

@@ -112,13 +112,19 @@ pub fn parse_order_create(body: &[u8]) -> Result<OrderCreateRequested, Malformed
     if msg.event_type != ORDER_CREATE_EVENT {
         return Err(Malformed::new(
             QuarantineReason::InvalidField,
-            format!("event_type {:?} is not {ORDER_CREATE_EVENT}", msg.event_type),
+            format!(
+                "event_type {:?} is not {ORDER_CREATE_EVENT}",
+                msg.event_type
+            ),
         ));
     }
     if msg.quantity != 1 {
         return Err(Malformed::new(
             QuarantineReason::InvalidField,
-            format!("quantity {} is not 1 (one unit per flash-sale order)", msg.quantity),
+            format!(
+                "quantity {} is not 1 (one unit per flash-sale order)",
+                msg.quantity
+            ),
         ));
     }
     if msg.message_key != msg.reservation_id {

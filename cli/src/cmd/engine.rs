@@ -1,0 +1,54 @@
+//! `seckillctl engine run`: the daemon. Only the binary installs signal
+//! handlers (STYLE.md, Async); the engine gets a shutdown future.
+
+use anyhow::{Context, Result};
+use seckill_engine::config::Config;
+use seckill_engine::runtime::ClientRuntime;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum EngineCmd {
+    /// Run the publisher, scanner, order consumer and HTTP ingress until SIGTERM or Ctrl-C
+    Run {
+        /// Address for the HTTP surface
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+    },
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+pub async fn run(cmd: EngineCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    match cmd {
+        EngineCmd::Run { listen } => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("cannot listen on {listen}; is another engine running there? (pick one with --listen)"))?;
+            eprintln!("engine listening on http://{}", listener.local_addr()?);
+            seckill_engine::daemon::run(cfg.clone(), rt, listener, shutdown_signal()).await?;
+            eprintln!("engine stopped cleanly");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! `seckillctl reconcile --activity A`: one verdict row per invariant of
+//! DESIGN.md §12; exits non-zero on a violation.
+
+use crate::exit::Exit;
+use crate::output::{OutputFormat, Tabular, new_table, render};
+use anyhow::Result;
+use seckill_engine::config::Config;
+use seckill_engine::ids::ActivityId;
+use seckill_engine::reconcile::{self, Report, Verdict};
+use seckill_engine::reservation::ReservationStore;
+use seckill_engine::{db, redis_conn};
+
+#[derive(Debug, clap::Args)]
+pub struct ReconcileArgs {
+    #[arg(long)]
+    activity: ActivityId,
+    #[arg(long, short, value_enum, default_value_t)]
+    output: OutputFormat,
+}
+
+pub struct View(pub Report);
+
+impl serde::Serialize for View {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl Tabular for View {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["INVARIANT", "VERDICT", "EVIDENCE", "COUNTEREXAMPLES"]);
+        for c in &self.0.checks {
+            t.add_row([
+                c.invariant.to_owned(),
+                match c.verdict {
+                    Verdict::Pass => "PASS".to_owned(),
+                    Verdict::Fail => "FAIL".to_owned(),
+                },
+                c.evidence.clone(),
+                c.counterexamples.join(", "),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        vec![if self.0.passed() {
+            format!("activity {}: every invariant holds", self.0.activity_id)
+        } else {
+            format!(
+                "activity {}: INVARIANT VIOLATED (see FAIL rows)",
+                self.0.activity_id
+            )
+        }]
+    }
+}
+
+/// Exit 0 when every invariant holds, 5 when one is violated.
+pub async fn run(args: ReconcileArgs, cfg: &Config) -> Result<Exit> {
+    let pool = db::connect(cfg).await?;
+    let store = ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
+    let report = reconcile::run(&pool, &store, args.activity).await?;
+    let ok = report.passed();
+    render(&mut std::io::stdout().lock(), args.output, &View(report))?;
+    Ok(if ok { Exit::Ok } else { Exit::Violation })
+}

@@ -1,0 +1,56 @@
+//! The outbox payloads the order transaction writes, besides the seed §19.1
+//! cancel message ([`crate::message::CancelOrderIfUnpaid`]). Their readers
+//! (the query projection and the compensation consumer) deserialize these
+//! same types.
+
+use crate::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId, UserId};
+use crate::status::{CompensationSource, OrderStatus};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+pub const ORDER_CREATED_EVENT: &str = "ORDER_CREATED";
+pub const RELEASE_RESERVATION_EVENT: &str = "RELEASE_RESERVATION";
+
+/// Tag of the delayed cancel on the ORDER_TIMEOUT topic (DESIGN.md §3).
+pub const TAG_CANCEL_IF_UNPAID: &str = "CANCEL_IF_UNPAID";
+/// Tag of the order-created event on the ORDER_EVENT topic.
+pub const TAG_ORDER_CREATED: &str = "ORDER_CREATED";
+/// Tag of the compensation on the INVENTORY_COMPENSATE topic.
+pub const TAG_RELEASE_RESERVATION: &str = "RELEASE_RESERVATION";
+
+/// `ORDER_CREATED` on the ORDER_EVENT topic, keyed by `order_id`. The
+/// projection drops events whose `aggregate_version` is older than what it
+/// holds (seed §18.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderCreated {
+    pub schema_version: u32,
+    pub event_type: String,
+    pub message_id: MessageId,
+    pub order_id: OrderId,
+    pub reservation_id: ReservationId,
+    pub activity_id: ActivityId,
+    pub sku_id: SkuId,
+    pub user_id: UserId,
+    pub status: OrderStatus,
+    pub aggregate_version: i64,
+    pub occurred_at: DateTime<Utc>,
+}
+
+/// `RELEASE_RESERVATION` on the INVENTORY_COMPENSATE topic, keyed by
+/// `reservation_id`: give the Redis reservation back, once (DESIGN.md §8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseReservation {
+    pub schema_version: u32,
+    pub event_type: String,
+    pub message_id: MessageId,
+    pub reservation_id: ReservationId,
+    pub activity_id: ActivityId,
+    pub sku_id: SkuId,
+    pub user_id: UserId,
+    pub source: CompensationSource,
+    /// Why: the reservation outcome text for business rejections.
+    pub reason: String,
+    pub created_at: DateTime<Utc>,
+}

@@ -1,0 +1,142 @@
+//! `seckillctl engine run`: the publisher, the scanner, the order-create
+//! consumer and the HTTP surface in one process (DESIGN.md §2).
+//!
+//! Like mini-redis, [`run`] takes the listener and a `shutdown` future, so
+//! the binary decides what stops it (SIGTERM, Ctrl-C) and tests can stop it
+//! on demand. Shutdown order: stop admitting (readiness off, HTTP drains),
+//! stop pulling and let in-flight consumer batches finish (a batch is only
+//! ACKed after its transaction commits, so nothing unfinished is ACKed),
+//! flush the publisher, then stop the producer.
+
+use crate::config::Config;
+use crate::consume::OrderConsumer;
+use crate::http::{AppState, router};
+use crate::mq::rocket::{MqError, RocketConsumer, RocketProducer};
+use crate::mq::{ConsumerSpec, Names, TopicKind};
+use crate::reservation::ReservationStore;
+use crate::runtime::ClientRuntime;
+use crate::stats::PublishStats;
+use crate::{db, publish, redis_conn, scan};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+    #[error(transparent)]
+    Redis(#[from] redis_conn::RedisError),
+    #[error(transparent)]
+    Mq(#[from] MqError),
+    #[error("HTTP server failed: {0}")]
+    Http(#[from] std::io::Error),
+}
+
+/// A unique lease owner for this instance's scanner.
+fn instance_id() -> String {
+    format!("engine-{}-{}", std::process::id(), ulid::Ulid::new())
+}
+
+pub async fn run(
+    cfg: Config,
+    rt: Arc<ClientRuntime>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let pool = db::connect(&cfg).await?;
+    let redis = redis_conn::connect(&cfg).await?;
+    let store = ReservationStore::new(redis, cfg.redis_prefix.clone());
+    let names = Names::new(cfg.topic_prefix.clone());
+    let send_timeout = Duration::from_millis(cfg.mq.send_timeout_ms);
+    let producer = RocketProducer::start(
+        rt.clone(),
+        &cfg.namesrv_addr,
+        &names.producer_group(),
+        send_timeout,
+        cfg.mq.send_retries,
+    )
+    .await?;
+    let stats = Arc::new(PublishStats::default());
+    let tracker = TaskTracker::new();
+    let cancel = CancellationToken::new();
+    let topic = names.topic(TopicKind::OrderCreate);
+
+    let publisher = publish::spawn(
+        publish::PublisherDeps {
+            producer: producer.clone(),
+            store: store.clone(),
+            pool: pool.clone(),
+            topic: topic.clone(),
+            send_timeout,
+            stats: stats.clone(),
+        },
+        &cfg.publisher,
+        &tracker,
+        cancel.clone(),
+    );
+    scan::spawn(
+        scan::ScannerDeps {
+            producer: producer.clone(),
+            store: store.clone(),
+            pool: pool.clone(),
+            topic: topic.clone(),
+            send_timeout,
+            stats: stats.clone(),
+            owner: instance_id(),
+            batch_max: cfg.publisher.batch_max,
+            in_flight: cfg.publisher.in_flight,
+        },
+        cfg.scanner.clone(),
+        &tracker,
+        cancel.clone(),
+    );
+
+    let mut spec = ConsumerSpec::new(names.group(TopicKind::OrderCreate), topic);
+    spec.threads = cfg.consumer.threads;
+    spec.batch_max = cfg.consumer.batch_max;
+    spec.pull_batch = cfg.consumer.batch_max.max(32);
+    spec.max_reconsume_times = cfg.mq.max_reconsume_times;
+    let consumer = RocketConsumer::start(
+        rt.clone(),
+        &cfg.namesrv_addr,
+        &spec,
+        Arc::new(OrderConsumer::new(pool.clone(), names.clone())),
+    )
+    .await?;
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let state = AppState {
+        store,
+        pool: pool.clone(),
+        publisher,
+        stats,
+        ready: ready.clone(),
+        activities: Default::default(),
+        first_retry_after_ms: cfg.scanner.first_retry_after_ms as i64,
+    };
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "engine serving");
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down");
+        ready.store(false, Ordering::Relaxed);
+        stop.cancel();
+    });
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(cancel.clone().cancelled_owned())
+        .await;
+
+    consumer.shutdown().await;
+    tracker.close();
+    tracker.wait().await;
+    producer.shutdown().await;
+    pool.close().await;
+    served?;
+    Ok(())
+}

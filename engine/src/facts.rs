@@ -1,0 +1,78 @@
+//! Pipeline facts for one activity, read from PostgreSQL and Redis: what
+//! became of the reservations, and how long reservation-to-decision took.
+//! The bench summary and the demo read these; so will the TUI.
+
+use crate::ids::ActivityId;
+use crate::reservation::{ReservationError, ReservationStore};
+use crate::stats::{Percentiles, percentiles_of};
+use serde::Serialize;
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PipelineFacts {
+    /// Final outcomes in PostgreSQL, by outcome.
+    pub outcomes: BTreeMap<String, i64>,
+    pub decided: i64,
+    /// Reservation created (Redis) to order committed (PostgreSQL).
+    pub end_to_end: Percentiles,
+    /// Orders per second between the first and the last decision.
+    pub consume_rate: f64,
+    pub quarantined: i64,
+    pub redis_pending: u64,
+    pub redis_live_reservations: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FactsError {
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Redis(#[from] ReservationError),
+}
+
+pub async fn collect(
+    pool: &PgPool,
+    store: &ReservationStore,
+    activity: ActivityId,
+) -> Result<PipelineFacts, FactsError> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT outcome::text, count(*) FROM reservations WHERE activity_id = $1 GROUP BY outcome",
+    )
+    .bind(activity)
+    .fetch_all(pool)
+    .await?;
+    let outcomes: BTreeMap<String, i64> = rows.into_iter().collect();
+    let decided = outcomes.values().sum();
+    let mut e2e_us: Vec<i64> = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM (decided_at - reserved_at)) * 1000000)::bigint
+         FROM reservations WHERE activity_id = $1 AND outcome = 'ORDER_CREATED'",
+    )
+    .bind(activity)
+    .fetch_all(pool)
+    .await?;
+    let mut us: Vec<u64> = e2e_us.drain(..).map(|v| v.max(0) as u64).collect();
+    let span: Option<(f64, i64)> = sqlx::query_as(
+        "SELECT extract(epoch FROM (max(decided_at) - min(decided_at)))::float8, count(*)
+         FROM reservations WHERE activity_id = $1 AND outcome = 'ORDER_CREATED' HAVING count(*) > 0",
+    )
+    .bind(activity)
+    .fetch_optional(pool)
+    .await?;
+    let consume_rate = match span {
+        Some((secs, n)) if secs > 0.0 => n as f64 / secs,
+        _ => 0.0,
+    };
+    let quarantined: i64 = sqlx::query_scalar("SELECT count(*) FROM message_quarantine")
+        .fetch_one(pool)
+        .await?;
+    Ok(PipelineFacts {
+        outcomes,
+        decided,
+        end_to_end: percentiles_of(&mut us),
+        consume_rate,
+        quarantined,
+        redis_pending: store.pending_count(activity).await?,
+        redis_live_reservations: store.live_reservations(activity).await?,
+    })
+}

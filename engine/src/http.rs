@@ -1,0 +1,265 @@
+//! The daemon's HTTP surface (DESIGN.md §13): reservation ingress, status
+//! query, liveness, readiness and stats. Handlers validate everything before
+//! touching Redis: a malformed request gets a 4xx with a reason and writes
+//! nothing.
+
+use crate::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
+use crate::message::TraceContext;
+use crate::publish::{Publisher, order_message};
+use crate::reservation::{ReservationStore, ReserveOutcome, ReserveRequest};
+use crate::stats::{Percentiles, PublishStats};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::RwLock;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: ReservationStore,
+    pub pool: PgPool,
+    pub publisher: Publisher,
+    pub stats: Arc<PublishStats>,
+    /// Set once every component has started; cleared on shutdown.
+    pub ready: Arc<AtomicBool>,
+    /// Activity validity windows, read from PostgreSQL once per activity.
+    pub activities: Arc<RwLock<HashMap<ActivityId, i64>>>,
+    pub first_retry_after_ms: i64,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/v1/activities/{activity}/skus/{sku}/reservations",
+            post(reserve),
+        )
+        .route("/v1/reservations/{id}", get(reservation_status))
+        .route("/v1/stats", get(stats))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+#[derive(Debug, Serialize)]
+struct ApiError {
+    error: &'static str,
+    reason: String,
+}
+
+fn reject(status: StatusCode, error: &'static str, reason: impl Into<String>) -> Response {
+    (
+        status,
+        Json(ApiError {
+            error,
+            reason: reason.into(),
+        }),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReserveBody {
+    user_id: i64,
+    request_id: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Queued {
+    status: &'static str,
+    reservation_id: ReservationId,
+    order_id: OrderId,
+    message_id: MessageId,
+}
+
+async fn valid_for_ms(state: &AppState, activity: ActivityId) -> Result<Option<i64>, sqlx::Error> {
+    if let Some(v) = state.activities.read().await.get(&activity) {
+        return Ok(Some(*v));
+    }
+    let v: Option<i64> =
+        sqlx::query_scalar("SELECT valid_for_ms FROM activities WHERE activity_id = $1")
+            .bind(activity)
+            .fetch_optional(&state.pool)
+            .await?;
+    if let Some(v) = v {
+        state.activities.write().await.insert(activity, v);
+    }
+    Ok(v)
+}
+
+async fn reserve(
+    State(state): State<AppState>,
+    Path((activity, sku)): Path<(String, String)>,
+    body: Result<Json<ReserveBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Ok(activity) = activity.parse::<ActivityId>() else {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_ACTIVITY_ID",
+            "activity id must be a positive integer",
+        );
+    };
+    let Ok(sku) = sku.parse::<SkuId>() else {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_SKU_ID",
+            "sku id must be a positive integer",
+        );
+    };
+    let body = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_BODY", e.body_text()),
+    };
+    if body.user_id <= 0 {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_USER_ID",
+            "user_id must be a positive integer",
+        );
+    }
+    let request_id = match RequestId::parse(&body.request_id) {
+        Ok(r) => r,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_REQUEST_ID", e.to_string()),
+    };
+    let valid_for = match valid_for_ms(&state, activity).await {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            return reject(
+                StatusCode::NOT_FOUND,
+                "UNKNOWN_ACTIVITY",
+                format!("activity {activity} does not exist"),
+            );
+        }
+        Err(e) => {
+            return reject(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "DATABASE_UNAVAILABLE",
+                e.to_string(),
+            );
+        }
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    // The message_id is fixed here, before the reservation, and never changes
+    // (DESIGN.md §3).
+    let req = ReserveRequest {
+        activity_id: activity,
+        sku_id: sku,
+        user_id: UserId(body.user_id),
+        request_id,
+        reservation_id: ReservationId::generate(),
+        message_id: MessageId::generate(),
+        order_id: OrderId::generate(),
+        now_ms: now,
+        valid_until_ms: now + valid_for,
+    };
+    match state
+        .store
+        .reserve(&req, now + state.first_retry_after_ms)
+        .await
+    {
+        Ok(ReserveOutcome::Reserved(r)) => {
+            // If the queue is full the scanner sends it: nothing is lost.
+            state
+                .publisher
+                .offer(order_message(&r, TraceContext::generate()));
+            queued(&r)
+        }
+        Ok(ReserveOutcome::Existing(r)) => queued(&r),
+        Ok(ReserveOutcome::SoldOut) => reject(StatusCode::CONFLICT, "SOLD_OUT", "no stock left"),
+        Ok(ReserveOutcome::DuplicateUser) => reject(
+            StatusCode::CONFLICT,
+            "DUPLICATE_USER",
+            "this user already holds a reservation in this activity",
+        ),
+        Ok(ReserveOutcome::NotSeeded) => reject(
+            StatusCode::NOT_FOUND,
+            "UNKNOWN_SKU",
+            format!("sku {sku} has no stock seeded in activity {activity}"),
+        ),
+        Err(e) => reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "REDIS_UNAVAILABLE",
+            e.to_string(),
+        ),
+    }
+}
+
+fn queued(r: &crate::reservation::Reservation) -> Response {
+    (
+        StatusCode::ACCEPTED,
+        Json(Queued {
+            status: "QUEUED",
+            reservation_id: r.reservation_id.clone(),
+            order_id: r.order_id.clone(),
+            message_id: r.message_id.clone(),
+        }),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Serialize)]
+struct StatusView {
+    reservation_id: ReservationId,
+    status: String,
+}
+
+async fn reservation_status(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let id = match ReservationId::parse(&id) {
+        Ok(id) => id,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_RESERVATION_ID", e.to_string()),
+    };
+    match crate::reservation_status::lookup(&state.pool, &state.store, &id).await {
+        Ok(Some(status)) => Json(StatusView {
+            reservation_id: id,
+            status,
+        })
+        .into_response(),
+        Ok(None) => reject(
+            StatusCode::NOT_FOUND,
+            "UNKNOWN_RESERVATION",
+            format!("no reservation {id}"),
+        ),
+        Err(e) => reject(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", e),
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StatsView {
+    pub publish_confirmed: u64,
+    pub publish_unknown: u64,
+    pub publish_definite_failure: u64,
+    pub publish_batches: u64,
+    pub scanner_resent: u64,
+    pub send_latency: Percentiles,
+}
+
+impl StatsView {
+    pub fn of(s: &PublishStats) -> Self {
+        Self {
+            publish_confirmed: s.confirmed.get(),
+            publish_unknown: s.unknown.get(),
+            publish_definite_failure: s.definite_failure.get(),
+            publish_batches: s.batches.get(),
+            scanner_resent: s.resent.get(),
+            send_latency: s.send_latency.percentiles(),
+        }
+    }
+}
+
+async fn stats(State(state): State<AppState>) -> Json<StatsView> {
+    Json(StatsView::of(&state.stats))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}

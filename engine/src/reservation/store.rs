@@ -1,0 +1,394 @@
+//! [`ReservationStore`]: the Redis side of DESIGN.md §4, one method per step.
+
+use super::{
+    Keys, MqStatus, ReleaseOutcome, Reservation, ReservationError, ReserveOutcome, ReserveRequest,
+    SeedOutcome, activities_key, corrupt, physical_ttl_ms,
+};
+use crate::ids::{ActivityId, MessageId, ReservationId, SkuId};
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+
+type Result<T, E = ReservationError> = std::result::Result<T, E>;
+
+const MARK_SENT_LUA: &str = include_str!("mark_sent.lua");
+
+// `Script` invokes by EVALSHA and loads the source on NOSCRIPT.
+static RESERVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reserve.lua")));
+static MARK_SENT: LazyLock<Script> = LazyLock::new(|| Script::new(MARK_SENT_LUA));
+static CLAIM_DUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim_due.lua")));
+static RESCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("reschedule.lua")));
+static MARK_SEND_FAILED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("mark_send_failed.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+
+/// Reservations of every activity under one key prefix. Cheap to clone: a
+/// multiplexed connection and a shared prefix.
+#[derive(Clone)]
+pub struct ReservationStore {
+    conn: ConnectionManager,
+    prefix: Arc<str>,
+}
+
+impl std::fmt::Debug for ReservationStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReservationStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReservationStore {
+    pub fn new(conn: ConnectionManager, prefix: impl Into<String>) -> Self {
+        Self {
+            conn,
+            prefix: prefix.into().into(),
+        }
+    }
+
+    pub fn keys(&self, activity: ActivityId) -> Keys {
+        Keys::new(&self.prefix, activity)
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// Sets an activity's Redis stock and registers the activity for the
+    /// scanner. Without `force` an existing stock is left alone: re-seeding a
+    /// running sale would break conservation (DESIGN.md §12). `SET NX GET`
+    /// needs Redis 7.
+    pub async fn seed_stock(
+        &self,
+        activity: ActivityId,
+        sku: SkuId,
+        stock: i64,
+        force: bool,
+    ) -> Result<SeedOutcome> {
+        let key = self.keys(activity).stock(sku);
+        let mut conn = self.conn();
+        let outcome = if force {
+            let () = conn.set(&key, stock).await?;
+            SeedOutcome::Seeded
+        } else {
+            let current: Option<i64> = redis::cmd("SET")
+                .arg(&key)
+                .arg(stock)
+                .arg("NX")
+                .arg("GET")
+                .query_async(&mut conn)
+                .await?;
+            current.map_or(SeedOutcome::Seeded, |current| SeedOutcome::AlreadySeeded {
+                current,
+            })
+        };
+        // Registered here, off the reserve hot path: an activity is reservable
+        // only once seeded.
+        let _: i64 = conn.sadd(activities_key(&self.prefix), activity.0).await?;
+        Ok(outcome)
+    }
+
+    pub async fn stock(&self, activity: ActivityId, sku: SkuId) -> Result<Option<i64>> {
+        Ok(self.conn().get(self.keys(activity).stock(sku)).await?)
+    }
+
+    /// The reserve script (DESIGN.md §4). `first_retry_at_ms` is when the
+    /// scanner first looks at it, should the in-process send never confirm
+    /// (the process died right after reserving: DESIGN.md §1, window 1).
+    pub async fn reserve(
+        &self,
+        req: &ReserveRequest,
+        first_retry_at_ms: i64,
+    ) -> Result<ReserveOutcome> {
+        let keys = self.keys(req.activity_id);
+        let reply: Vec<String> = RESERVE
+            .key(keys.req(&req.request_id))
+            .key(keys.stock(req.sku_id))
+            .key(keys.buyers())
+            .key(keys.rsv(&req.reservation_id))
+            .key(keys.pending())
+            .arg(req.reservation_id.as_str())
+            .arg(req.message_id.as_str())
+            .arg(req.request_id.as_str())
+            .arg(req.order_id.as_str())
+            .arg(req.sku_id.0)
+            .arg(req.user_id.0)
+            .arg(req.now_ms)
+            .arg(req.valid_until_ms)
+            .arg(first_retry_at_ms)
+            .arg(physical_ttl_ms(req.now_ms, req.valid_until_ms))
+            .invoke_async(&mut self.conn())
+            .await?;
+        let req_key = || keys.req(&req.request_id);
+        match reply.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+            ["RESERVED"] => Ok(ReserveOutcome::Reserved(Reservation {
+                reservation_id: req.reservation_id.clone(),
+                message_id: req.message_id.clone(),
+                request_id: req.request_id.clone(),
+                order_id: req.order_id.clone(),
+                activity_id: req.activity_id,
+                sku_id: req.sku_id,
+                user_id: req.user_id,
+                mq_status: MqStatus::MqPending,
+                send_attempt: 0,
+                next_retry_at_ms: first_retry_at_ms,
+                lease_owner: None,
+                lease_until_ms: 0,
+                created_at_ms: req.now_ms,
+                valid_until_ms: req.valid_until_ms,
+                broker_message_id: None,
+                last_error: None,
+            })),
+            // Read in a second call: the hash's key is only known from the
+            // request key's value, and a script should touch declared keys.
+            ["EXISTING", id] => {
+                let id: ReservationId = id
+                    .parse()
+                    .map_err(|e| corrupt(&req_key(), format!("{e}")))?;
+                match self.get(req.activity_id, &id).await? {
+                    Some(r) => Ok(ReserveOutcome::Existing(r)),
+                    None => Err(corrupt(&req_key(), format!("points at missing {id}"))),
+                }
+            }
+            ["NOT_SEEDED"] => Ok(ReserveOutcome::NotSeeded),
+            ["SOLD_OUT"] => Ok(ReserveOutcome::SoldOut),
+            ["DUPLICATE_USER"] => Ok(ReserveOutcome::DuplicateUser),
+            ["ID_IN_USE"] => Err(ReservationError::IdInUse(req.reservation_id.clone())),
+            _ => Err(corrupt(&req_key(), format!("reserve replied {reply:?}"))),
+        }
+    }
+
+    pub async fn get(
+        &self,
+        activity: ActivityId,
+        reservation_id: &ReservationId,
+    ) -> Result<Option<Reservation>> {
+        let key = self.keys(activity).rsv(reservation_id);
+        let hash: HashMap<String, String> = self.conn().hgetall(&key).await?;
+        if hash.is_empty() {
+            return Ok(None);
+        }
+        Reservation::from_hash(activity, reservation_id.clone(), &key, &hash).map(Some)
+    }
+
+    /// The broker confirmed the message: a CAS on `message_id` and a
+    /// non-final status. `false` means nothing was written.
+    pub async fn mark_sent(
+        &self,
+        activity: ActivityId,
+        reservation_id: &ReservationId,
+        message_id: &MessageId,
+        broker_message_id: &str,
+    ) -> Result<bool> {
+        let keys = self.keys(activity);
+        let applied: i64 = MARK_SENT
+            .key(keys.rsv(reservation_id))
+            .key(keys.pending())
+            .arg(reservation_id.as_str())
+            .arg(message_id.as_str())
+            .arg(broker_message_id)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(applied == 1)
+    }
+
+    /// [`Self::mark_sent`] for a whole confirmed batch (DESIGN.md §6), in one
+    /// round trip; the batch may mix activities. One result per item, in order.
+    pub async fn mark_sent_many(
+        &self,
+        batch: &[(ActivityId, ReservationId, MessageId)],
+        broker_message_id: &str,
+    ) -> Result<Vec<bool>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        // A pipeline does not reload on NOSCRIPT (Redis restarted or flushed
+        // its scripts), and retrying half a batch would report the applied
+        // half as refused. Loading first is cheap and keeps one round trip.
+        pipe.cmd("SCRIPT").arg("LOAD").arg(MARK_SENT_LUA).ignore();
+        for (activity, reservation_id, message_id) in batch {
+            let keys = self.keys(*activity);
+            pipe.cmd("EVALSHA")
+                .arg(MARK_SENT.get_hash())
+                .arg(2)
+                .arg(keys.rsv(reservation_id))
+                .arg(keys.pending())
+                .arg(reservation_id.as_str())
+                .arg(message_id.as_str())
+                .arg(broker_message_id);
+        }
+        let applied: Vec<i64> = pipe.query_async(&mut self.conn()).await?;
+        Ok(applied.into_iter().map(|n| n == 1).collect())
+    }
+
+    /// Leases up to `limit` due reservations to `owner` until `now_ms + lease_ms`
+    /// and returns them as leased (`SENDING`, `send_attempt` counted). Final or
+    /// vanished members are dropped from the ZSET on the way.
+    pub async fn claim_due(
+        &self,
+        activity: ActivityId,
+        now_ms: i64,
+        limit: usize,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<Vec<Reservation>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let keys = self.keys(activity);
+        let claimed: Vec<Vec<String>> = CLAIM_DUE
+            .key(keys.pending())
+            .arg(now_ms)
+            .arg(limit)
+            .arg(owner)
+            .arg(now_ms.saturating_add(lease_ms))
+            .arg(keys.rsv_prefix())
+            .invoke_async(&mut self.conn())
+            .await?;
+        claimed
+            .into_iter()
+            .map(|entry| {
+                let Some((id, fields)) = entry.split_first() else {
+                    return Err(corrupt(
+                        &keys.pending(),
+                        "claim_due returned an empty entry",
+                    ));
+                };
+                let id: ReservationId = id
+                    .parse()
+                    .map_err(|e| corrupt(&keys.pending(), format!("member: {e}")))?;
+                let hash = fields
+                    .chunks_exact(2)
+                    .map(|kv| (kv[0].clone(), kv[1].clone()))
+                    .collect();
+                Reservation::from_hash(activity, id.clone(), &keys.rsv(&id), &hash)
+            })
+            .collect()
+    }
+
+    /// Hands a lease back after an UNKNOWN send: `MQ_PENDING` again, due at
+    /// `next_retry_at_ms` (see [`super::backoff_ms`]). Only the lease holder
+    /// may; `false` means nothing was written.
+    pub async fn reschedule(
+        &self,
+        activity: ActivityId,
+        reservation_id: &ReservationId,
+        message_id: &MessageId,
+        owner: &str,
+        next_retry_at_ms: i64,
+        last_error: &str,
+    ) -> Result<bool> {
+        let keys = self.keys(activity);
+        let applied: i64 = RESCHEDULE
+            .key(keys.rsv(reservation_id))
+            .key(keys.pending())
+            .arg(reservation_id.as_str())
+            .arg(message_id.as_str())
+            .arg(owner)
+            .arg(next_retry_at_ms)
+            .arg(last_error)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(applied == 1)
+    }
+
+    /// A DEFINITE send failure: `SEND_FAILED`, out of the scanner's ZSET.
+    /// The stock stays taken until [`Self::release`].
+    pub async fn mark_send_failed(
+        &self,
+        activity: ActivityId,
+        reservation_id: &ReservationId,
+        message_id: &MessageId,
+        error: &str,
+    ) -> Result<bool> {
+        let keys = self.keys(activity);
+        let applied: i64 = MARK_SEND_FAILED
+            .key(keys.rsv(reservation_id))
+            .key(keys.pending())
+            .arg(reservation_id.as_str())
+            .arg(message_id.as_str())
+            .arg(error)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(applied == 1)
+    }
+
+    /// The compensation (DESIGN.md §4, §8): gives the stock and the buyer slot
+    /// back exactly once, however often or concurrently it is called.
+    pub async fn release(
+        &self,
+        activity: ActivityId,
+        reservation_id: &ReservationId,
+    ) -> Result<ReleaseOutcome> {
+        let keys = self.keys(activity);
+        let rsv_key = keys.rsv(reservation_id);
+        let mut conn = self.conn();
+        // The stock key depends on the hash's sku, so read it first; sku_id
+        // never changes, and the script checks it again.
+        let sku: Option<String> = conn.hget(&rsv_key, "sku_id").await?;
+        let Some(sku) = sku else {
+            return Ok(ReleaseOutcome::Unknown);
+        };
+        let sku: SkuId = sku
+            .parse()
+            .map_err(|e| corrupt(&rsv_key, format!("field sku_id: {e}")))?;
+        let reply: String = RELEASE
+            .key(&rsv_key)
+            .key(keys.stock(sku))
+            .key(keys.buyers())
+            .key(keys.pending())
+            .arg(reservation_id.as_str())
+            .arg(sku.0)
+            .invoke_async(&mut conn)
+            .await?;
+        match reply.as_str() {
+            "RELEASED" => Ok(ReleaseOutcome::Released),
+            "ALREADY_RELEASED" => Ok(ReleaseOutcome::AlreadyReleased),
+            "UNKNOWN" => Ok(ReleaseOutcome::Unknown),
+            _ => Err(corrupt(&rsv_key, format!("release replied {reply:?}"))),
+        }
+    }
+
+    /// Reservations waiting for the scanner, leased ones included.
+    pub async fn pending_count(&self, activity: ActivityId) -> Result<u64> {
+        Ok(self.conn().zcard(self.keys(activity).pending()).await?)
+    }
+
+    /// The pending reservation with the lowest score: the most overdue for a
+    /// (re-)send. Its `created_at_ms` gives the age the backlog view shows.
+    pub async fn oldest_pending(&self, activity: ActivityId) -> Result<Option<Reservation>> {
+        let pending = self.keys(activity).pending();
+        let first: Vec<String> = self.conn().zrange(&pending, 0, 0).await?;
+        let Some(id) = first.first() else {
+            return Ok(None);
+        };
+        let id: ReservationId = id
+            .parse()
+            .map_err(|e| corrupt(&pending, format!("member: {e}")))?;
+        match self.get(activity, &id).await? {
+            Some(r) => Ok(Some(r)),
+            None => Err(corrupt(&pending, format!("member {id} has no hash"))),
+        }
+    }
+
+    /// Activities registered by [`Self::seed_stock`], in ascending order.
+    pub async fn activities(&self) -> Result<Vec<ActivityId>> {
+        let key = activities_key(&self.prefix);
+        let members: Vec<String> = self.conn().smembers(&key).await?;
+        let mut ids = members
+            .iter()
+            .map(|m| m.parse().map_err(|e| corrupt(&key, format!("{e}"))))
+            .collect::<Result<Vec<ActivityId>>>()?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Reservations still holding a unit of stock: those not RELEASED, i.e.
+    /// the buyers set. Redis conservation (DESIGN.md §12) is
+    /// `sum of stock + live_reservations = initial stock`, once quiet.
+    pub async fn live_reservations(&self, activity: ActivityId) -> Result<u64> {
+        Ok(self.conn().scard(self.keys(activity).buyers()).await?)
+    }
+}

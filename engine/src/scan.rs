@@ -1,0 +1,156 @@
+//! The pending-reservation scanner (seed §13, DESIGN.md §6).
+//!
+//! Inputs: reservations in the pending ZSET whose `next_retry_at` has passed
+//! (a first send that never confirmed: the process died before sending,
+//! window 1 of DESIGN.md §1, or the outcome was UNKNOWN, window 2). Outputs:
+//! re-sends with the SAME `message_id`, and the outcome applied.
+//!
+//! Claims carry a lease, so N engine instances can scan at once: a claim is
+//! exclusive until its lease expires, and a crashed claimer's reservations
+//! come back by themselves when it does. Work per pass is bounded (batch
+//! size and sends in flight), and UNKNOWN backs off exponentially with jitter.
+
+use crate::config::ScannerConfig;
+use crate::message::TraceContext;
+use crate::mq::{Producer, SendOutcome};
+use crate::publish::{PublishError, compensate_send_failure, order_message, send_batch};
+use crate::reservation::{ReservationStore, backoff_ms};
+use crate::stats::PublishStats;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub struct ScannerDeps<P> {
+    pub producer: P,
+    pub store: ReservationStore,
+    pub pool: PgPool,
+    pub topic: String,
+    pub send_timeout: Duration,
+    pub stats: Arc<PublishStats>,
+    /// This instance's lease owner id.
+    pub owner: String,
+    /// Messages per send request (the publisher's batch size).
+    pub batch_max: usize,
+    /// Send requests in flight at once.
+    pub in_flight: usize,
+}
+
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// One pass over every activity. Returns how many reservations it re-sent.
+pub async fn pass<P: Producer>(
+    deps: &Arc<ScannerDeps<P>>,
+    cfg: &ScannerConfig,
+) -> Result<usize, PublishError> {
+    let mut total = 0;
+    for activity in deps.store.activities().await? {
+        let now = now_ms();
+        let claimed = deps
+            .store
+            .claim_due(activity, now, cfg.batch, &deps.owner, cfg.lease_ms as i64)
+            .await?;
+        if claimed.is_empty() {
+            continue;
+        }
+        total += claimed.len();
+        deps.stats.resent.add(claimed.len() as u64);
+        let mut workers = JoinSet::new();
+        for chunk in claimed.chunks(deps.batch_max.max(1)) {
+            // Bounded workers: at most `in_flight` sends at a time.
+            while workers.len() >= deps.in_flight.max(1) {
+                if let Some(r) = workers.join_next().await {
+                    r.unwrap_or(Ok(()))?;
+                }
+            }
+            let deps = deps.clone();
+            let (base, max) = (cfg.backoff_base_ms, cfg.backoff_max_ms);
+            let msgs: Vec<_> = chunk
+                .iter()
+                .map(|r| (order_message(r, TraceContext::generate()), r.send_attempt))
+                .collect();
+            workers.spawn(async move {
+                let batch: Vec<_> = msgs.iter().map(|(m, _)| m.clone()).collect();
+                let outcome = send_batch(
+                    &deps.producer,
+                    &deps.topic,
+                    &batch,
+                    deps.send_timeout,
+                    &deps.stats,
+                )
+                .await;
+                match &outcome {
+                    SendOutcome::Confirmed(r) => {
+                        let items: Vec<_> = batch
+                            .iter()
+                            .map(|m| {
+                                (
+                                    m.activity_id,
+                                    m.reservation_id.clone(),
+                                    m.message_id.clone(),
+                                )
+                            })
+                            .collect();
+                        deps.store.mark_sent_many(&items, &r.broker_msg_id).await?;
+                    }
+                    SendOutcome::Unknown { detail, .. } => {
+                        for (m, attempt) in &msgs {
+                            let delay = backoff_ms(*attempt, base, max, rand::random::<f64>());
+                            deps.store
+                                .reschedule(
+                                    m.activity_id,
+                                    &m.reservation_id,
+                                    &m.message_id,
+                                    &deps.owner,
+                                    now_ms() + delay as i64,
+                                    detail,
+                                )
+                                .await?;
+                        }
+                    }
+                    SendOutcome::DefiniteFailure { detail, .. } => {
+                        for m in &batch {
+                            compensate_send_failure(&deps.store, &deps.pool, m, detail).await?;
+                        }
+                    }
+                }
+                Ok::<(), PublishError>(())
+            });
+        }
+        while let Some(r) = workers.join_next().await {
+            r.unwrap_or(Ok(()))?;
+        }
+    }
+    Ok(total)
+}
+
+/// Runs passes every `interval_ms` until `cancel` fires.
+pub fn spawn<P: Producer>(
+    deps: ScannerDeps<P>,
+    cfg: ScannerConfig,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    let deps = Arc::new(deps);
+    tracker.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(cfg.interval_ms.max(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            match pass(&deps, &cfg).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(resent = n, "scanner re-sent pending reservations"),
+                // Leases expire by themselves; the next pass retries.
+                Err(e) => tracing::warn!(error = %e, "scanner pass failed"),
+            }
+        }
+    });
+}

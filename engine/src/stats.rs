@@ -1,0 +1,135 @@
+//! In-process counters and latency samples for the pipeline: what the bench
+//! summary, `/v1/stats` and (later) `/metrics` read. Bounded: a latency
+//! recorder keeps at most a fixed number of recent samples.
+
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A bounded window of recent latency samples, in microseconds.
+#[derive(Debug)]
+pub struct Latencies {
+    cap: usize,
+    samples: Mutex<VecDeque<u64>>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latencies {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            samples: Mutex::new(VecDeque::with_capacity(cap.min(4096))),
+        }
+    }
+
+    pub fn record(&self, d: Duration) {
+        let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if s.len() == self.cap {
+            s.pop_front();
+        }
+        s.push_back(d.as_micros() as u64);
+    }
+
+    pub fn percentiles(&self) -> Percentiles {
+        let mut v: Vec<u64> = self
+            .samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        percentiles_of(&mut v)
+    }
+}
+
+/// Nearest-rank percentiles of microsecond samples.
+pub fn percentiles_of(us: &mut [u64]) -> Percentiles {
+    if us.is_empty() {
+        return Percentiles::default();
+    }
+    us.sort_unstable();
+    let at = |q: f64| {
+        let rank = ((q * us.len() as f64).ceil() as usize).clamp(1, us.len());
+        us[rank - 1] as f64 / 1000.0
+    };
+    Percentiles {
+        count: us.len(),
+        p50_ms: at(0.50),
+        p99_ms: at(0.99),
+        p999_ms: at(0.999),
+        max_ms: us[us.len() - 1] as f64 / 1000.0,
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Publisher and scanner figures (seed §28.2 producer metrics).
+#[derive(Debug)]
+pub struct PublishStats {
+    pub confirmed: Counter,
+    pub unknown: Counter,
+    pub definite_failure: Counter,
+    pub batches: Counter,
+    pub resent: Counter,
+    pub send_latency: Latencies,
+}
+
+impl Default for PublishStats {
+    fn default() -> Self {
+        Self {
+            confirmed: Counter::default(),
+            unknown: Counter::default(),
+            definite_failure: Counter::default(),
+            batches: Counter::default(),
+            resent: Counter::default(),
+            send_latency: Latencies::new(200_000),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let mut v: Vec<u64> = (1..=1000).map(|i| i * 1000).collect();
+        let p = percentiles_of(&mut v);
+        assert_eq!(p.count, 1000);
+        assert_eq!(p.p50_ms, 500.0);
+        assert_eq!(p.p99_ms, 990.0);
+        assert_eq!(p.p999_ms, 999.0);
+        assert_eq!(p.max_ms, 1000.0);
+        assert_eq!(percentiles_of(&mut []), Percentiles::default());
+    }
+
+    #[test]
+    fn the_window_is_bounded() {
+        let l = Latencies::new(3);
+        for ms in [100, 1, 2, 3] {
+            l.record(Duration::from_millis(ms));
+        }
+        assert_eq!(l.percentiles().count, 3);
+        assert_eq!(l.percentiles().max_ms, 3.0);
+    }
+}
