@@ -1,0 +1,513 @@
+//! The order path end to end against the real stack: the three failure
+//! windows of DESIGN.md §1, the HTTP ingress contract, and two daemons
+//! sharing the work. Each window runs at batch size 1 and at the default.
+
+use anyhow::{Result, ensure};
+use seckill_engine::activity::{self, NewActivity};
+use seckill_engine::config::Config;
+use seckill_engine::consume::OrderConsumer;
+use seckill_engine::ids::{
+    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
+};
+use seckill_engine::message::TraceContext;
+use seckill_engine::mq::rocket::{RocketConsumer, RocketProducer};
+use seckill_engine::mq::{
+    ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Producer, TopicKind,
+};
+use seckill_engine::publish::{order_message, to_outgoing};
+use seckill_engine::reservation::{ReservationStore, ReserveOutcome, ReserveRequest};
+use seckill_tests::{Setup, TestEnv, eventually, run};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+const ACTIVITY: ActivityId = ActivityId(42);
+const SKU: SkuId = SkuId(7);
+
+fn store(env: &TestEnv) -> ReservationStore {
+    ReservationStore::new(env.redis.clone(), env.cfg.redis_prefix.clone())
+}
+
+async fn seed(env: &TestEnv, stock: i64, valid_for_ms: i64) -> Result<()> {
+    activity::create(
+        &env.pool,
+        &store(env),
+        &NewActivity {
+            activity: ACTIVITY,
+            sku: SKU,
+            stock,
+            valid_for_ms,
+            pay_within_ms: 900_000,
+            force: false,
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn engine_cfg(env: &TestEnv, batch: usize) -> Config {
+    let mut cfg = env.cfg.clone();
+    cfg.publisher.batch_max = batch;
+    cfg.consumer.batch_max = batch as u32;
+    // Tests want the scanner prompt; production waits longer for the first send.
+    cfg.scanner.first_retry_after_ms = 500;
+    cfg.scanner.interval_ms = 100;
+    cfg.scanner.backoff_base_ms = 100;
+    cfg.scanner.backoff_max_ms = 1_000;
+    cfg
+}
+
+struct Engine {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Engine {
+    async fn start(env: &TestEnv, cfg: Config) -> Result<Engine> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let rt = env.rt.clone();
+        let done = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = rx.await;
+            };
+            if let Err(e) = seckill_engine::daemon::run(cfg, rt, listener, shutdown).await {
+                panic!("engine failed: {e}");
+            }
+        });
+        let url = format!("http://{addr}/readyz");
+        eventually(Duration::from_secs(30), "engine ready", || async {
+            Ok(reqwest::get(&url)
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+                .map(|_| ()))
+        })
+        .await?;
+        Ok(Engine {
+            addr,
+            stop: Some(tx),
+            done,
+        })
+    }
+
+    async fn stop(mut self) -> Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(60), self.done).await??;
+        Ok(())
+    }
+}
+
+async fn outcome_of(env: &TestEnv, rsv: &ReservationId) -> Result<Option<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT outcome::text FROM reservations WHERE reservation_id = $1")
+            .bind(rsv)
+            .fetch_optional(&env.pool)
+            .await?,
+    )
+}
+
+async fn count(env: &TestEnv, sql: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar(sql).fetch_one(&env.pool).await?)
+}
+
+fn request(user: i64, now: i64, valid_for: i64) -> ReserveRequest {
+    ReserveRequest {
+        activity_id: ACTIVITY,
+        sku_id: SKU,
+        user_id: UserId(user),
+        request_id: RequestId::generate(),
+        reservation_id: ReservationId::generate(),
+        message_id: MessageId::generate(),
+        order_id: OrderId::generate(),
+        now_ms: now,
+        valid_until_ms: now + valid_for,
+    }
+}
+
+/// Window 1: the reservation is written, then the process dies before it
+/// sends. Nothing but Redis knows; the scanner must send it.
+fn window_1(batch: usize) {
+    run(Setup::Full, move |env| async move {
+        seed(&env, 10, 300_000).await?;
+        let now = chrono::Utc::now().timestamp_millis();
+        let req = request(1, now, 300_000);
+        // Reserved, never offered to a publisher: the "killed before send" state.
+        let ReserveOutcome::Reserved(r) = store(&env).reserve(&req, now).await? else {
+            anyhow::bail!("not reserved");
+        };
+        let engine = Engine::start(&env, engine_cfg(&env, batch)).await?;
+        let got = eventually(Duration::from_secs(60), "the scanner's order", || async {
+            outcome_of(&env, &r.reservation_id).await
+        })
+        .await?;
+        engine.stop().await?;
+        assert_eq!(got, "ORDER_CREATED");
+        assert_eq!(count(&env, "SELECT count(*) FROM orders").await?, 1);
+        let back = store(&env)
+            .get(ACTIVITY, &r.reservation_id)
+            .await?
+            .expect("still in Redis");
+        assert_eq!(
+            back.message_id, req.message_id,
+            "re-sent with the same message_id"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn window_1_killed_before_send_is_sent_by_the_scanner_batch_1() {
+    window_1(1);
+}
+
+#[test]
+fn window_1_killed_before_send_is_sent_by_the_scanner_batch_default() {
+    window_1(Config::default().publisher.batch_max);
+}
+
+/// Window 2: the broker stored the message but the producer was told
+/// UNKNOWN, so the reservation stayed pending; the scanner re-sends the same
+/// message_id and the inbox absorbs the duplicate.
+fn window_2(batch: usize) {
+    run(Setup::Full, move |env| async move {
+        seed(&env, 10, 300_000).await?;
+        let now = chrono::Utc::now().timestamp_millis();
+        let ReserveOutcome::Reserved(r) =
+            store(&env).reserve(&request(2, now, 300_000), now).await?
+        else {
+            anyhow::bail!("not reserved");
+        };
+        // The broker stores it; the reservation is left MQ_PENDING, as after UNKNOWN.
+        let producer = RocketProducer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &format!("{}PG_TEST", env.names.prefix()),
+            Duration::from_secs(3),
+            0,
+        )
+        .await?;
+        let topic = env.names.topic(TopicKind::OrderCreate);
+        let m = order_message(&r, TraceContext::generate());
+        ensure!(
+            producer
+                .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+                .await
+                .is_confirmed()
+        );
+        producer.shutdown().await;
+
+        let engine = Engine::start(&env, engine_cfg(&env, batch)).await?;
+        eventually(Duration::from_secs(60), "the order", || async {
+            outcome_of(&env, &r.reservation_id).await
+        })
+        .await?;
+        // Both copies reach the consumer; wait until the scanner has re-sent and the
+        // reservation is marked sent, so the duplicate delivery has happened or is queued.
+        eventually(Duration::from_secs(60), "the re-send confirmed", || async {
+            let back = store(&env).get(ACTIVITY, &r.reservation_id).await?;
+            Ok(back
+                .filter(|b| b.mq_status.as_str() == "MQ_SENT")
+                .map(|_| ()))
+        })
+        .await?;
+        eventually(
+            Duration::from_secs(60),
+            "the duplicate consumed",
+            || async {
+                let lag = env
+                    .admin
+                    .lag(&topic, &env.names.group(TopicKind::OrderCreate))
+                    .await?;
+                Ok((lag.messages == 0).then_some(()))
+            },
+        )
+        .await?;
+        engine.stop().await?;
+        assert_eq!(count(&env, "SELECT count(*) FROM orders").await?, 1);
+        assert_eq!(
+            count(&env, "SELECT count(*) FROM inventory_ledger").await?,
+            1
+        );
+        assert_eq!(count(&env, "SELECT count(*) FROM consumer_inbox").await?, 1);
+        Ok(())
+    });
+}
+
+#[test]
+fn window_2_unknown_outcome_resent_with_the_same_id_gives_one_order_batch_1() {
+    window_2(1);
+}
+
+#[test]
+fn window_2_unknown_outcome_resent_with_the_same_id_gives_one_order_batch_default() {
+    window_2(Config::default().publisher.batch_max);
+}
+
+/// Window 3: the transaction commits, then the consumer dies before ACK.
+/// Modelled by a handler that runs the real consumer and then withholds the
+/// ACK once: the broker redelivers and the inbox makes it a no-op.
+struct CrashBeforeAck {
+    inner: OrderConsumer,
+    calls: AtomicUsize,
+}
+
+impl Handler for CrashBeforeAck {
+    async fn handle(&self, batch: Vec<IncomingMessage>) -> ConsumeVerdict {
+        let verdict = self.inner.handle(batch).await;
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            return ConsumeVerdict::Retry;
+        }
+        verdict
+    }
+}
+
+fn window_3(batch: u32) {
+    run(Setup::Full, move |env| async move {
+        seed(&env, 10, 300_000).await?;
+        let now = chrono::Utc::now().timestamp_millis();
+        let ReserveOutcome::Reserved(r) =
+            store(&env).reserve(&request(3, now, 300_000), now).await?
+        else {
+            anyhow::bail!("not reserved");
+        };
+        let topic = env.names.topic(TopicKind::OrderCreate);
+        let producer = RocketProducer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &format!("{}PG_TEST", env.names.prefix()),
+            Duration::from_secs(3),
+            0,
+        )
+        .await?;
+        let m = order_message(&r, TraceContext::generate());
+        ensure!(
+            producer
+                .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+                .await
+                .is_confirmed()
+        );
+        producer.shutdown().await;
+
+        let handler = Arc::new(CrashBeforeAck {
+            inner: OrderConsumer::new(env.pool.clone(), env.names.clone()),
+            calls: AtomicUsize::new(0),
+        });
+        let mut spec = ConsumerSpec::new(env.names.group(TopicKind::OrderCreate), topic);
+        spec.batch_max = batch;
+        let consumer = RocketConsumer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &spec,
+            handler.clone(),
+        )
+        .await?;
+        eventually(Duration::from_secs(90), "the redelivery", || async {
+            Ok((handler.calls.load(Ordering::SeqCst) >= 2).then_some(()))
+        })
+        .await?;
+        consumer.shutdown().await;
+        assert_eq!(
+            outcome_of(&env, &r.reservation_id).await?.as_deref(),
+            Some("ORDER_CREATED")
+        );
+        assert_eq!(count(&env, "SELECT count(*) FROM orders").await?, 1);
+        assert_eq!(
+            count(&env, "SELECT count(*) FROM inventory_ledger").await?,
+            1
+        );
+        assert_eq!(count(&env, "SELECT count(*) FROM consumer_inbox").await?, 1);
+        Ok(())
+    });
+}
+
+#[test]
+fn window_3_commit_then_crash_before_ack_hits_the_inbox_batch_1() {
+    window_3(1);
+}
+
+#[test]
+fn window_3_commit_then_crash_before_ack_hits_the_inbox_batch_default() {
+    window_3(Config::default().consumer.batch_max);
+}
+
+async fn post(
+    addr: SocketAddr,
+    activity: &str,
+    body: serde_json::Value,
+) -> Result<(u16, serde_json::Value)> {
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://{addr}/v1/activities/{activity}/skus/{}/reservations",
+            SKU.0
+        ))
+        .json(&body)
+        .send()
+        .await?;
+    let code = r.status().as_u16();
+    Ok((code, r.json().await.unwrap_or_default()))
+}
+
+#[test]
+fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 1, 300_000).await?;
+        let engine = Engine::start(&env, engine_cfg(&env, 32)).await?;
+        let a = ACTIVITY.0.to_string();
+        let req = RequestId::generate();
+
+        // Malformed requests: 4xx with a reason, nothing written.
+        for (activity, body) in [
+            (
+                "x",
+                serde_json::json!({"user_id": 1, "request_id": req.as_str()}),
+            ),
+            (
+                a.as_str(),
+                serde_json::json!({"user_id": -1, "request_id": req.as_str()}),
+            ),
+            (
+                a.as_str(),
+                serde_json::json!({"user_id": 1, "request_id": "nope"}),
+            ),
+            (a.as_str(), serde_json::json!({"user_id": 1})),
+            (
+                a.as_str(),
+                serde_json::json!({"user_id": 1, "request_id": req.as_str(), "extra": true}),
+            ),
+        ] {
+            let (code, body) = post(engine.addr, activity, body).await?;
+            assert_eq!(code, 400, "{body}");
+            assert!(
+                body["reason"].as_str().is_some_and(|r| !r.is_empty()),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            store(&env).stock(ACTIVITY, SKU).await?,
+            Some(1),
+            "malformed requests wrote nothing"
+        );
+
+        let (code, first) = post(
+            engine.addr,
+            &a,
+            serde_json::json!({"user_id": 1, "request_id": req.as_str()}),
+        )
+        .await?;
+        assert_eq!(code, 202, "{first}");
+        assert_eq!(first["status"], "QUEUED");
+        // The same request_id returns the same reservation.
+        let (code, again) = post(
+            engine.addr,
+            &a,
+            serde_json::json!({"user_id": 1, "request_id": req.as_str()}),
+        )
+        .await?;
+        assert_eq!(code, 202);
+        assert_eq!(again["reservation_id"], first["reservation_id"]);
+        assert_eq!(again["message_id"], first["message_id"]);
+        let other = RequestId::generate();
+        let (code, dup) = post(
+            engine.addr,
+            &a,
+            serde_json::json!({"user_id": 1, "request_id": other.as_str()}),
+        )
+        .await?;
+        assert_eq!(
+            (code, dup["error"].as_str()),
+            (409, Some("SOLD_OUT")),
+            "stock 1 is gone first"
+        );
+        let (code, _) = post(
+            engine.addr,
+            "999",
+            serde_json::json!({"user_id": 2, "request_id": other.as_str()}),
+        )
+        .await?;
+        assert_eq!(code, 404);
+
+        let rsv = first["reservation_id"].as_str().unwrap().to_owned();
+        let url = format!("http://{}/v1/reservations/{rsv}", engine.addr);
+        let status = eventually(Duration::from_secs(60), "ORDER_CREATED", || async {
+            let v: serde_json::Value = reqwest::get(&url).await?.json().await?;
+            Ok((v["status"] == "ORDER_CREATED").then_some(v))
+        })
+        .await?;
+        assert_eq!(status["reservation_id"], rsv.as_str());
+        engine.stop().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn a_duplicate_user_is_refused_at_ingress() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 5, 300_000).await?;
+        let engine = Engine::start(&env, engine_cfg(&env, 32)).await?;
+        let a = ACTIVITY.0.to_string();
+        let (code, _) = post(
+            engine.addr,
+            &a,
+            serde_json::json!({"user_id": 9, "request_id": RequestId::generate().as_str()}),
+        )
+        .await?;
+        assert_eq!(code, 202);
+        let (code, body) = post(
+            engine.addr,
+            &a,
+            serde_json::json!({"user_id": 9, "request_id": RequestId::generate().as_str()}),
+        )
+        .await?;
+        assert_eq!(
+            (code, body["error"].as_str()),
+            (409, Some("DUPLICATE_USER"))
+        );
+        engine.stop().await?;
+        Ok(())
+    });
+}
+
+#[test]
+fn two_daemons_share_the_work_without_duplicating_it() {
+    run(Setup::Full, |env| async move {
+        let n = 200;
+        seed(&env, n, 300_000).await?;
+        let e1 = Engine::start(&env, engine_cfg(&env, 32)).await?;
+        let e2 = Engine::start(&env, engine_cfg(&env, 32)).await?;
+        let a = ACTIVITY.0.to_string();
+        let mut rsvs = Vec::new();
+        for user in 0..n {
+            let addr = if user % 2 == 0 { e1.addr } else { e2.addr };
+            let (code, body) = post(addr, &a, serde_json::json!({"user_id": user + 1, "request_id": RequestId::generate().as_str()})).await?;
+            assert_eq!(code, 202, "{body}");
+            rsvs.push(body["reservation_id"].as_str().unwrap().to_owned());
+        }
+        eventually(
+            Duration::from_secs(90),
+            "every reservation decided",
+            || async {
+                Ok((count(&env, "SELECT count(*) FROM reservations").await? == n).then_some(()))
+            },
+        )
+        .await?;
+        e1.stop().await?;
+        e2.stop().await?;
+        assert_eq!(count(&env, "SELECT count(*) FROM orders").await?, n);
+        assert_eq!(
+            count(&env, "SELECT count(*) FROM inventory_ledger").await?,
+            n
+        );
+        assert_eq!(
+            count(&env, "SELECT available_stock FROM inventory").await?,
+            0
+        );
+        Ok(())
+    });
+}
