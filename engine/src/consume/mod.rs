@@ -104,10 +104,11 @@ pub enum ProcessError {
     Db(#[from] sqlx::Error),
     /// No `inventory` row for a message's (activity, sku). A configuration
     /// error, not "no stock": rejecting would compensate reservations that
-    /// may be sellable, so the batch is retried and, unless an operator
-    /// adds the row, dead-lettered and ticketed (DESIGN.md §9).
+    /// may be sellable. The handler retries that SKU's messages (committing
+    /// the rest of the batch) and, unless an operator adds the row, the
+    /// broker dead-letters them to be ticketed (DESIGN.md §9).
     #[error(
-        "no inventory row for activity {activity_id} sku {sku_id}; create it (`seckillctl activity stock`) and replay"
+        "no inventory row for activity {activity_id} sku {sku_id}: a configuration error; create it (`seckillctl activity create`), then the retry or a DLQ replay creates the order"
     )]
     MissingInventory {
         activity_id: ActivityId,
@@ -202,58 +203,109 @@ impl OrderConsumer {
 }
 
 impl Handler for OrderConsumer {
-    /// Bad bodies never poison the batch: the valid messages run in one
-    /// transaction first, then the bad ones are quarantined. ACK only when
-    /// both are durable (DESIGN.md §7: commit, then ACK); a retry
-    /// redelivers the batch, and the inbox turns what was committed into
-    /// no-ops.
+    /// Neither a bad body nor a misconfigured SKU poisons the batch. The
+    /// valid messages run in one transaction; if it fails for lack of an
+    /// inventory row, that SKU's messages are set aside (to be retried,
+    /// then dead-lettered) and the rest run again, so their orders are not
+    /// held hostage. Bad bodies are quarantined last. ACK only when
+    /// everything is durable (DESIGN.md §7: commit, then ACK); a retry
+    /// redelivers the whole batch, and the inbox turns what was committed
+    /// into no-ops.
     async fn handle(&self, batch: Vec<IncomingMessage>) -> ConsumeVerdict {
-        let mut good = Vec::with_capacity(batch.len());
+        let mut pending = Vec::with_capacity(batch.len());
         let mut bad = Vec::new();
         for m in &batch {
             match Parsed::from_incoming(m) {
-                Ok(p) => good.push(p),
+                Ok(p) => pending.push(p),
                 Err(e) => bad.push((m, e)),
             }
         }
 
-        let mut decisions: Vec<Decision> = Vec::with_capacity(1 + bad.len());
-        if !good.is_empty() {
-            match self.process(&good).await {
+        let mut decisions: Vec<Decision> = Vec::with_capacity(2 + bad.len());
+        // Each pass either commits or sets aside at least one message, so
+        // there are at most as many passes as messages.
+        while !pending.is_empty() {
+            let err = match self.process(&pending).await {
                 Ok(outcomes) => {
-                    tracing::debug!(group = %self.group, messages = outcomes.len(), "order batch committed");
+                    log_committed(&self.group, &outcomes);
                     decisions.push(Decision::Ack);
+                    break;
                 }
-                Err(e) => {
-                    let (class, detail) = (failure_class(&e), e.to_string());
-                    tracing::warn!(
-                        group = %self.group, messages = good.len(), class = %class, error = %detail,
-                        "order batch failed; asking for redelivery"
-                    );
-                    self.record_failures(&good, class, &detail).await;
-                    // The bad ones are not quarantined yet: the redelivery
-                    // would record them a second time.
-                    return ConsumeVerdict::Retry;
+                Err(e) => e,
+            };
+            let (class, detail) = (failure_class(&err), err.to_string());
+            tracing::warn!(
+                group = %self.group,
+                messages = pending.len(),
+                class = %class,
+                error = %detail,
+                "order batch failed; asking for redelivery"
+            );
+            let stuck: Vec<Parsed> = match &err {
+                ProcessError::MissingInventory {
+                    activity_id,
+                    sku_id,
+                } => {
+                    let (stuck, rest) = std::mem::take(&mut pending).into_iter().partition(|p| {
+                        p.msg.activity_id == *activity_id && p.msg.sku_id == *sku_id
+                    });
+                    pending = rest;
+                    stuck
                 }
+                ProcessError::Db(_) => std::mem::take(&mut pending),
+            };
+            if stuck.is_empty() {
+                // Cannot happen (the error names a message's SKU), but never loop.
+                self.record_failures(&pending, class, &detail).await;
+                return ConsumeVerdict::Retry;
             }
+            self.record_failures(&stuck, class, &detail).await;
+            decisions.push(Decision::Retry { class, detail });
         }
 
+        if decisions
+            .iter()
+            .any(|d| matches!(d, Decision::Retry { .. }))
+        {
+            // The bad ones are quarantined on the redelivery that ACKs;
+            // doing it now would record them twice.
+            return ConsumeVerdict::Retry;
+        }
         if !bad.is_empty() {
             for (m, e) in &bad {
                 tracing::warn!(
-                    group = %self.group, broker_msg_id = %m.broker_msg_id,
-                    message_id = m.message_id().unwrap_or("-"), reason = %e.reason, detail = %e.detail,
+                    group = %self.group,
+                    broker_msg_id = %m.broker_msg_id,
+                    message_id = m.message_id().unwrap_or("-"),
+                    reason = %e.reason,
+                    detail = %e.detail,
                     "quarantining a malformed message"
                 );
             }
             match self.quarantine(&bad).await {
                 Ok(()) => decisions.extend(bad.into_iter().map(|(_, e)| Decision::Quarantine(e))),
                 Err(e) => {
-                    tracing::warn!(group = %self.group, error = %e, "quarantine write failed; asking for redelivery");
+                    tracing::warn!(
+                        group = %self.group,
+                        error = %e,
+                        "quarantine write failed; asking for redelivery"
+                    );
                     decisions.push(classify_db_error(&e));
                 }
             }
         }
         verdict(&decisions)
     }
+}
+
+fn log_committed(group: &str, outcomes: &[MessageOutcome]) {
+    let count = |f: fn(&MessageOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
+    tracing::debug!(
+        group,
+        created = count(|o| matches!(o, MessageOutcome::Created { .. })),
+        rejected = count(|o| matches!(o, MessageOutcome::Rejected(_))),
+        duplicate_reservation = count(|o| matches!(o, MessageOutcome::DuplicateReservation)),
+        already_processed = count(|o| matches!(o, MessageOutcome::AlreadyProcessed)),
+        "order batch committed"
+    );
 }

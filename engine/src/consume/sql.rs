@@ -87,6 +87,10 @@ LEFT JOIN claim c USING (message_id)"#;
 /// `locked` takes the row lock first (in key order, so batches over several
 /// SKUs cannot deadlock) and computes `granted` from the locked, latest
 /// committed stock: READ COMMITTED re-reads a row it had to wait for. The
+/// lock is `FOR NO KEY UPDATE`, the one the update itself takes: `FOR
+/// UPDATE` would also conflict with the `KEY SHARE` locks that order
+/// inserts hold on this row through the orders → inventory foreign key,
+/// and deadlocks between transactions that insert orders first. The
 /// update subtracts exactly that `granted`, so the number of orders the
 /// caller creates and the units taken are one number. Should they ever
 /// disagree, `CHECK (available_stock >= 0)` fails the transaction rather

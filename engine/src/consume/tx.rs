@@ -51,31 +51,7 @@ pub(super) async fn process(
 
     // Round trip 1: inbox and reservation claims.
     let rows = inbox_and_claim(&mut tx, group, &ordered).await?;
-    let mut fresh_pos: Vec<usize> = Vec::with_capacity(rows.len());
-    let mut fresh: Vec<Fresh> = Vec::with_capacity(rows.len());
-    {
-        let pos: HashMap<&MessageId, usize> = ordered
-            .iter()
-            .enumerate()
-            .map(|(k, p)| (&p.msg.message_id, k))
-            .collect();
-        let mut by_pos: Vec<(usize, &ClaimRow)> = rows
-            .iter()
-            .filter_map(|r| pos.get(&r.message_id).map(|&k| (k, r)))
-            .collect();
-        by_pos.sort_by_key(|(k, _)| *k);
-        for (k, r) in by_pos {
-            let m = &ordered[k].msg;
-            fresh_pos.push(k);
-            fresh.push(Fresh {
-                activity_id: m.activity_id,
-                sku_id: m.sku_id,
-                user_id: m.user_id,
-                claimed: r.outcome,
-                user_has_order: r.user_has_order,
-            });
-        }
-    }
+    let (fresh_pos, fresh) = fresh_in_batch_order(&ordered, &rows);
     let Some(tx_now) = rows.first().map(|r| r.tx_now) else {
         // Every message was consumed before: nothing was written.
         tx.commit().await?;
@@ -177,6 +153,35 @@ pub(super) async fn process(
         .into_iter()
         .map(|o| o.unwrap_or(MessageOutcome::AlreadyProcessed))
         .collect())
+}
+
+/// The messages new to the inbox, in batch order: each one's position in
+/// `ordered` and what the claim said about it.
+fn fresh_in_batch_order(ordered: &[&Parsed], rows: &[ClaimRow]) -> (Vec<usize>, Vec<Fresh>) {
+    let pos: HashMap<&MessageId, usize> = ordered
+        .iter()
+        .enumerate()
+        .map(|(k, p)| (&p.msg.message_id, k))
+        .collect();
+    let mut by_pos: Vec<(usize, &ClaimRow)> = rows
+        .iter()
+        .filter_map(|r| pos.get(&r.message_id).map(|&k| (k, r)))
+        .collect();
+    by_pos.sort_by_key(|(k, _)| *k);
+    by_pos
+        .into_iter()
+        .map(|(k, r)| {
+            let m = &ordered[k].msg;
+            let fresh = Fresh {
+                activity_id: m.activity_id,
+                sku_id: m.sku_id,
+                user_id: m.user_id,
+                claimed: r.outcome,
+                user_has_order: r.user_has_order,
+            };
+            (k, fresh)
+        })
+        .unzip()
 }
 
 #[derive(sqlx::FromRow)]
