@@ -337,6 +337,45 @@ fn window_3_commit_then_crash_before_ack_hits_the_inbox_batch_default() {
     window_3(Config::default().consumer.batch_max);
 }
 
+#[test]
+fn an_expired_reservation_is_rejected_once_with_one_compensation() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 10, 300_000).await?;
+        // Reserved a minute ago with a validity that has already run out:
+        // the scanner still sends it, and the consumer must reject it.
+        let now = chrono::Utc::now().timestamp_millis();
+        let req = request(4, now - 60_000, 1_000);
+        let ReserveOutcome::Reserved(r) = store(&env).reserve(&req, now).await? else {
+            anyhow::bail!("not reserved");
+        };
+        let engine = Engine::start(&env, engine_cfg(&env, 32)).await?;
+        let got = eventually(Duration::from_secs(60), "the rejection", || async {
+            outcome_of(&env, &r.reservation_id).await
+        })
+        .await?;
+        engine.stop().await?;
+        assert_eq!(got, "REJECTED_EXPIRED");
+        assert_eq!(count(&env, "SELECT count(*) FROM orders").await?, 0);
+        assert_eq!(
+            count(&env, "SELECT count(*) FROM compensation_tasks").await?,
+            1
+        );
+        assert_eq!(
+            count(
+                &env,
+                "SELECT count(*) FROM event_outbox WHERE tag = 'RELEASE_RESERVATION'"
+            )
+            .await?,
+            1
+        );
+        assert_eq!(
+            count(&env, "SELECT available_stock FROM inventory").await?,
+            10
+        );
+        Ok(())
+    });
+}
+
 async fn post(
     addr: SocketAddr,
     activity: &str,
