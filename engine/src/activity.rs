@@ -30,6 +30,16 @@ pub enum ActivityError {
     NotFound(ActivityId),
     #[error("stock must be between 0 and 10,000,000, got {0}")]
     BadStock(i64),
+    #[error("{what} must be between 1 ms and 7 days, got {ms} ms")]
+    BadWindow { what: &'static str, ms: i64 },
+    #[error(
+        "activity {activity} still has {live} live reservation(s) and {pending} pending send(s) in Redis; re-seeding now would admit more than the stock"
+    )]
+    LiveReservations {
+        activity: ActivityId,
+        live: u64,
+        pending: u64,
+    },
     #[error(transparent)]
     Db(#[from] sqlx::Error),
     #[error(transparent)]
@@ -74,6 +84,27 @@ pub async fn create(
 ) -> Result<ActivityView, ActivityError> {
     if !(0..=10_000_000).contains(&a.stock) {
         return Err(ActivityError::BadStock(a.stock));
+    }
+    const MAX_WINDOW_MS: i64 = 7 * 24 * 3600 * 1000;
+    for (what, ms) in [
+        ("--valid-for", a.valid_for_ms),
+        ("--pay-within", a.pay_within_ms),
+    ] {
+        if !(1..=MAX_WINDOW_MS).contains(&ms) {
+            return Err(ActivityError::BadWindow { what, ms });
+        }
+    }
+    // Live reservations hold units the new stock figure would count again.
+    let (live, pending) = (
+        store.live_reservations(a.activity).await?,
+        store.pending_count(a.activity).await?,
+    );
+    if live > 0 || pending > 0 {
+        return Err(ActivityError::LiveReservations {
+            activity: a.activity,
+            live,
+            pending,
+        });
     }
     let mut tx = pool.begin().await?;
     let existing: Option<i64> = sqlx::query_scalar(

@@ -142,7 +142,7 @@ impl Default for ScannerConfig {
             interval_ms: 200,
             batch: 256,
             lease_ms: 10_000,
-            first_retry_after_ms: 3_000,
+            first_retry_after_ms: 5_000,
             backoff_base_ms: 500,
             backoff_max_ms: 30_000,
         }

@@ -145,6 +145,13 @@ async fn reserve(
         }
     };
     let now = chrono::Utc::now().timestamp_millis();
+    let Some(valid_until_ms) = now.checked_add(valid_for) else {
+        return reject(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "BAD_ACTIVITY_CONFIG",
+            "validity window overflows",
+        );
+    };
     // The message_id is fixed here, before the reservation, and never changes
     // (DESIGN.md §3).
     let req = ReserveRequest {
@@ -156,7 +163,7 @@ async fn reserve(
         message_id: MessageId::generate(),
         order_id: OrderId::generate(),
         now_ms: now,
-        valid_until_ms: now + valid_for,
+        valid_until_ms,
     };
     match state
         .store
@@ -169,6 +176,15 @@ async fn reserve(
                 .publisher
                 .offer(order_message(&r, TraceContext::generate()));
             queued(&r)
+        }
+        // The same request_id must mean the same request: another user or
+        // SKU reusing it is told so, never handed someone else's reservation.
+        Ok(ReserveOutcome::Existing(r)) if r.user_id != req.user_id || r.sku_id != req.sku_id => {
+            reject(
+                StatusCode::CONFLICT,
+                "REQUEST_ID_CONFLICT",
+                "this request_id already belongs to another user or sku",
+            )
         }
         Ok(ReserveOutcome::Existing(r)) => queued(&r),
         Ok(ReserveOutcome::SoldOut) => reject(StatusCode::CONFLICT, "SOLD_OUT", "no stock left"),

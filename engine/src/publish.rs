@@ -17,7 +17,7 @@
 use crate::config::PublisherConfig;
 use crate::message::{ORDER_CREATE_EVENT, OrderCreateRequested, SCHEMA_VERSION, TraceContext};
 use crate::mq::{OutgoingMessage, PROP_MESSAGE_ID, PROP_TRACEPARENT, Producer, SendOutcome};
-use crate::reservation::{Reservation, ReservationStore};
+use crate::reservation::{MqStatus, Reservation, ReservationStore};
 use crate::stats::PublishStats;
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::PgPool;
@@ -116,21 +116,17 @@ pub async fn send_batch<P: Producer>(
     outcome
 }
 
-/// A definite send failure: SEND_FAILED, one compensation task, and the
-/// Redis stock given back (the release script is idempotent, and the
-/// compensation row's primary key makes the task unique per reservation).
+/// A definite send failure on a reservation that no earlier attempt can
+/// have stored: one compensation task (written first, so a crash after it
+/// leaves a PENDING task for the compensation worker rather than a leak),
+/// SEND_FAILED, and the Redis stock given back (the release script is
+/// idempotent; the task's primary key makes it unique per reservation).
 pub async fn compensate_send_failure(
     store: &ReservationStore,
     pool: &PgPool,
     m: &OrderCreateRequested,
     detail: &str,
 ) -> Result<(), PublishError> {
-    if !store
-        .mark_send_failed(m.activity_id, &m.reservation_id, &m.message_id, detail)
-        .await?
-    {
-        return Ok(());
-    }
     tracing::error!(
         message_id = %m.message_id, reservation_id = %m.reservation_id, error = detail,
         "definite send failure; compensating"
@@ -146,7 +142,17 @@ pub async fn compensate_send_failure(
     .bind(detail)
     .execute(pool)
     .await?;
+    store
+        .mark_send_failed(m.activity_id, &m.reservation_id, &m.message_id, detail)
+        .await?;
     store.release(m.activity_id, &m.reservation_id).await?;
+    sqlx::query(
+        "UPDATE compensation_tasks SET status = 'RELEASED', released_at = now()
+         WHERE reservation_id = $1 AND status = 'PENDING'",
+    )
+    .bind(&m.reservation_id)
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
@@ -182,7 +188,20 @@ async fn apply_first_send(
         }
         SendOutcome::DefiniteFailure { detail, .. } => {
             for m in batch {
-                compensate_send_failure(store, pool, m, detail).await?;
+                // Only a reservation that nothing else has touched is known
+                // never to have been stored; once the scanner has claimed or
+                // re-sent it, an earlier copy may be on the broker, and the
+                // scanner's expiry path decides (DESIGN.md §1, window 2).
+                let untouched = store
+                    .get(m.activity_id, &m.reservation_id)
+                    .await?
+                    .is_some_and(|r| r.mq_status == MqStatus::MqPending && r.send_attempt == 0);
+                if untouched {
+                    compensate_send_failure(store, pool, m, detail).await?;
+                } else {
+                    tracing::error!(reservation_id = %m.reservation_id, error = %detail,
+                        "definite send failure on a reservation the scanner owns; left to it");
+                }
             }
         }
     }
@@ -259,7 +278,8 @@ pub fn spawn<P: Producer>(
                 )
                 .await;
                 if let Err(e) = apply_first_send(&deps.store, &deps.pool, &batch, &outcome).await {
-                    // The reservations stay pending in Redis; the scanner takes them.
+                    // Confirmed or not, the reservations are still pending in
+                    // Redis, and the scanner re-sends them.
                     tracing::error!(error = %e, n = batch.len(), "could not record a send outcome");
                 }
                 drop(permit);

@@ -11,7 +11,7 @@
 //! size and sends in flight), and UNKNOWN backs off exponentially with jitter.
 
 use crate::config::ScannerConfig;
-use crate::message::TraceContext;
+use crate::message::{OrderCreateRequested, TraceContext};
 use crate::mq::{Producer, SendOutcome};
 use crate::publish::{PublishError, compensate_send_failure, order_message, send_batch};
 use crate::reservation::{ReservationStore, backoff_ms};
@@ -42,90 +42,144 @@ pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// One pass over every activity. Returns how many reservations it re-sent.
+/// After `valid_until` plus this, no copy of the message can still become an
+/// order (the consumer rejects it as expired), so the scanner stops sending
+/// and settles the reservation itself.
+pub const EXPIRY_GRACE_MS: i64 = 60_000;
+
+/// One pass over every activity. Returns how many reservations it handled.
+/// An error in one activity is logged and the others still run: leases
+/// expire by themselves, so the next pass retries.
 pub async fn pass<P: Producer>(
     deps: &Arc<ScannerDeps<P>>,
     cfg: &ScannerConfig,
 ) -> Result<usize, PublishError> {
     let mut total = 0;
     for activity in deps.store.activities().await? {
-        let now = now_ms();
-        let claimed = deps
-            .store
-            .claim_due(activity, now, cfg.batch, &deps.owner, cfg.lease_ms as i64)
-            .await?;
-        if claimed.is_empty() {
-            continue;
-        }
-        total += claimed.len();
-        deps.stats.resent.add(claimed.len() as u64);
-        let mut workers = JoinSet::new();
-        for chunk in claimed.chunks(deps.batch_max.max(1)) {
-            // Bounded workers: at most `in_flight` sends at a time.
-            while workers.len() >= deps.in_flight.max(1) {
-                if let Some(r) = workers.join_next().await {
-                    r.unwrap_or(Ok(()))?;
-                }
-            }
-            let deps = deps.clone();
-            let (base, max) = (cfg.backoff_base_ms, cfg.backoff_max_ms);
-            let msgs: Vec<_> = chunk
-                .iter()
-                .map(|r| (order_message(r, TraceContext::generate()), r.send_attempt))
-                .collect();
-            workers.spawn(async move {
-                let batch: Vec<_> = msgs.iter().map(|(m, _)| m.clone()).collect();
-                let outcome = send_batch(
-                    &deps.producer,
-                    &deps.topic,
-                    &batch,
-                    deps.send_timeout,
-                    &deps.stats,
-                )
-                .await;
-                match &outcome {
-                    SendOutcome::Confirmed(r) => {
-                        let items: Vec<_> = batch
-                            .iter()
-                            .map(|m| {
-                                (
-                                    m.activity_id,
-                                    m.reservation_id.clone(),
-                                    m.message_id.clone(),
-                                )
-                            })
-                            .collect();
-                        deps.store.mark_sent_many(&items, &r.broker_msg_id).await?;
-                    }
-                    SendOutcome::Unknown { detail, .. } => {
-                        for (m, attempt) in &msgs {
-                            let delay = backoff_ms(*attempt, base, max, rand::random::<f64>());
-                            deps.store
-                                .reschedule(
-                                    m.activity_id,
-                                    &m.reservation_id,
-                                    &m.message_id,
-                                    &deps.owner,
-                                    now_ms() + delay as i64,
-                                    detail,
-                                )
-                                .await?;
-                        }
-                    }
-                    SendOutcome::DefiniteFailure { detail, .. } => {
-                        for m in &batch {
-                            compensate_send_failure(&deps.store, &deps.pool, m, detail).await?;
-                        }
-                    }
-                }
-                Ok::<(), PublishError>(())
-            });
-        }
-        while let Some(r) = workers.join_next().await {
-            r.unwrap_or(Ok(()))?;
+        match pass_activity(deps, cfg, activity).await {
+            Ok(n) => total += n,
+            Err(e) => tracing::warn!(%activity, error = %e, "scanner pass failed for one activity"),
         }
     }
     Ok(total)
+}
+
+/// Settles a reservation whose validity is long gone: if PostgreSQL already
+/// decided it, it is simply done; otherwise nothing can still create its
+/// order, so it is compensated (DESIGN.md §8, one compensation per reservation).
+async fn settle_expired<P: Producer>(
+    deps: &ScannerDeps<P>,
+    m: &OrderCreateRequested,
+) -> Result<(), PublishError> {
+    let decided: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM reservations WHERE reservation_id = $1)")
+            .bind(&m.reservation_id)
+            .fetch_one(&deps.pool)
+            .await?;
+    if decided {
+        deps.store
+            .mark_sent_many(
+                &[(
+                    m.activity_id,
+                    m.reservation_id.clone(),
+                    m.message_id.clone(),
+                )],
+                "",
+            )
+            .await?;
+    } else {
+        compensate_send_failure(
+            &deps.store,
+            &deps.pool,
+            m,
+            "expired before any send was confirmed",
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+async fn pass_activity<P: Producer>(
+    deps: &Arc<ScannerDeps<P>>,
+    cfg: &ScannerConfig,
+    activity: crate::ids::ActivityId,
+) -> Result<usize, PublishError> {
+    let now = now_ms();
+    let claimed = deps
+        .store
+        .claim_due(activity, now, cfg.batch, &deps.owner, cfg.lease_ms as i64)
+        .await?;
+    if claimed.is_empty() {
+        return Ok(0);
+    }
+    let total = claimed.len();
+    let (expired, live): (Vec<_>, Vec<_>) = claimed
+        .into_iter()
+        .partition(|r| now > r.valid_until_ms + EXPIRY_GRACE_MS);
+    for r in &expired {
+        settle_expired(deps, &order_message(r, TraceContext::generate())).await?;
+    }
+    deps.stats.resent.add(live.len() as u64);
+    let mut workers = JoinSet::new();
+    for chunk in live.chunks(deps.batch_max.max(1)) {
+        // Bounded workers: at most `in_flight` sends at a time.
+        while workers.len() >= deps.in_flight.max(1) {
+            log_worker(workers.join_next().await);
+        }
+        let deps = deps.clone();
+        let (base, max) = (cfg.backoff_base_ms, cfg.backoff_max_ms);
+        let msgs: Vec<_> = chunk
+            .iter()
+            .map(|r| (order_message(r, TraceContext::generate()), r.send_attempt))
+            .collect();
+        workers.spawn(async move {
+            let batch: Vec<_> = msgs.iter().map(|(m, _)| m.clone()).collect();
+            let outcome = send_batch(&deps.producer, &deps.topic, &batch, deps.send_timeout, &deps.stats).await;
+            match &outcome {
+                SendOutcome::Confirmed(r) => {
+                    let items: Vec<_> = batch
+                        .iter()
+                        .map(|m| (m.activity_id, m.reservation_id.clone(), m.message_id.clone()))
+                        .collect();
+                    deps.store.mark_sent_many(&items, &r.broker_msg_id).await?;
+                }
+                // A re-sent reservation may already be stored from an earlier
+                // attempt, so even a definite failure does not compensate here:
+                // it backs off, and the expiry path settles it against
+                // PostgreSQL once no copy can still become an order.
+                SendOutcome::Unknown { detail, .. } | SendOutcome::DefiniteFailure { detail, .. } => {
+                    if let SendOutcome::DefiniteFailure { .. } = outcome {
+                        tracing::error!(error = %detail, n = batch.len(), "definite failure on a re-send; backing off");
+                    }
+                    for (m, attempt) in &msgs {
+                        let delay = backoff_ms(*attempt, base, max, rand::random::<f64>());
+                        deps.store
+                            .reschedule(m.activity_id, &m.reservation_id, &m.message_id, &deps.owner, now_ms() + delay as i64, detail)
+                            .await?;
+                    }
+                }
+            }
+            Ok::<(), PublishError>(())
+        });
+    }
+    while let Some(r) = workers.join_next().await {
+        log_worker(Some(r));
+    }
+    Ok(total)
+}
+
+/// A failed worker leaves its reservations leased; the lease expiry hands
+/// them to the next pass. Siblings are never aborted for it.
+fn log_worker(r: Option<Result<Result<(), PublishError>, tokio::task::JoinError>>) {
+    match r {
+        Some(Ok(Err(e))) => {
+            tracing::warn!(error = %e, "scanner worker failed; its reservations retry after the lease")
+        }
+        Some(Err(e)) => {
+            tracing::error!(error = %e, "scanner worker panicked; its reservations retry after the lease")
+        }
+        _ => {}
+    }
 }
 
 /// Runs passes every `interval_ms` until `cancel` fires.

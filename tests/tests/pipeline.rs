@@ -452,6 +452,19 @@ fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
         assert_eq!(code, 202);
         assert_eq!(again["reservation_id"], first["reservation_id"]);
         assert_eq!(again["message_id"], first["message_id"]);
+        // Another user reusing the request_id is refused, not handed the reservation.
+        let (code, stolen) = post(
+            engine.addr,
+            &a,
+            serde_json::json!({"user_id": 2, "request_id": req.as_str()}),
+        )
+        .await?;
+        assert_eq!(
+            (code, stolen["error"].as_str()),
+            (409, Some("REQUEST_ID_CONFLICT")),
+            "{stolen}"
+        );
+        assert!(stolen.get("reservation_id").is_none());
         let other = RequestId::generate();
         let (code, dup) = post(
             engine.addr,
@@ -547,6 +560,54 @@ fn two_daemons_share_the_work_without_duplicating_it() {
             count(&env, "SELECT available_stock FROM inventory").await?,
             0
         );
+        Ok(())
+    });
+}
+
+#[test]
+fn reseeding_is_refused_while_reservations_are_live_or_the_window_is_absurd() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 10, 300_000).await?;
+        let again = NewActivity {
+            activity: ACTIVITY,
+            sku: SKU,
+            stock: 20,
+            valid_for_ms: 300_000,
+            pay_within_ms: 900_000,
+            force: false,
+        };
+        let err = activity::create(&env.pool, &store(&env), &again)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("--force"), "{err}");
+
+        let now = chrono::Utc::now().timestamp_millis();
+        store(&env)
+            .reserve(&request(5, now, 300_000), now + 60_000)
+            .await?;
+        let forced = NewActivity {
+            force: true,
+            ..again.clone()
+        };
+        let err = activity::create(&env.pool, &store(&env), &forced)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("live reservation"), "{err}");
+        assert_eq!(
+            store(&env).stock(ACTIVITY, SKU).await?,
+            Some(9),
+            "nothing was overwritten"
+        );
+
+        let absurd = NewActivity {
+            activity: ActivityId(43),
+            valid_for_ms: i64::MAX,
+            ..again
+        };
+        let err = activity::create(&env.pool, &store(&env), &absurd)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("--valid-for"), "{err}");
         Ok(())
     });
 }

@@ -147,7 +147,10 @@ impl Tabular for Summary {
             ),
         );
         row("scanner re-sends", self.scanner_resent.to_string());
-        row("quarantined", self.pipeline.quarantined.to_string());
+        row(
+            "quarantined (all activities)",
+            self.pipeline.quarantined.to_string(),
+        );
         row(
             "quiet",
             format!(
@@ -199,8 +202,8 @@ fn plan(args: &FlashSaleArgs) -> Vec<Req> {
 
 pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
     let BenchCmd::FlashSale(args) = cmd;
-    if args.rate == 0 || args.users == 0 {
-        bail!("--rate and --users must be positive");
+    if args.rate == 0 || args.users == 0 || args.concurrency == 0 {
+        bail!("--rate, --users and --concurrency must be positive");
     }
     if !(0.0..=1.0).contains(&args.dup_requests) || !(0.0..=1.0).contains(&args.repeat_users) {
         bail!("--dup-requests and --repeat-users are shares between 0 and 1");
@@ -231,7 +234,8 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
             stock: args.stock,
             valid_for_ms: 300_000,
             pay_within_ms: 900_000,
-            force: true,
+            // A bench run needs a fresh activity: earlier results would be counted.
+            force: false,
         },
     )
     .await?;
