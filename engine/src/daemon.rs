@@ -77,7 +77,6 @@ pub async fn run(
         },
         &cfg.publisher,
         &tracker,
-        cancel.clone(),
     );
     scan::spawn(
         scan::ScannerDeps {

@@ -24,7 +24,6 @@ use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, mpsc};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 #[derive(Debug, thiserror::Error)]
@@ -232,13 +231,13 @@ pub struct PublisherDeps<P> {
     pub stats: Arc<PublishStats>,
 }
 
-/// Starts the batching loop on `tracker`; it stops when `cancel` fires,
-/// after the batches in flight finish.
+/// Starts the batching loop on `tracker`. It runs until every [`Publisher`]
+/// handle is dropped (the HTTP server has drained), then flushes what is
+/// still queued and ends once the batches in flight finish.
 pub fn spawn<P: Producer>(
     deps: PublisherDeps<P>,
     cfg: &PublisherConfig,
     tracker: &TaskTracker,
-    cancel: CancellationToken,
 ) -> Publisher {
     let (tx, mut rx) = mpsc::channel::<OrderCreateRequested>(cfg.queue_capacity.max(1));
     let max = cfg.batch_max.max(1);
@@ -247,12 +246,7 @@ pub fn spawn<P: Producer>(
     let deps = Arc::new(deps);
     let inner = tracker.clone();
     tracker.spawn(async move {
-        loop {
-            let first = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break,
-                m = rx.recv() => match m { Some(m) => m, None => break },
-            };
+        while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
             let deadline = tokio::time::Instant::now() + linger;
             while batch.len() < max {

@@ -611,3 +611,41 @@ fn reseeding_is_refused_while_reservations_are_live_or_the_window_is_absurd() {
         Ok(())
     });
 }
+
+#[test]
+fn shutdown_flushes_the_publisher_before_stopping_the_producer() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 100, 300_000).await?;
+        let mut cfg = engine_cfg(&env, 32);
+        // Keep the scanner out of it: only the publisher's flush can send these.
+        cfg.scanner.first_retry_after_ms = 600_000;
+        // And hold the batch open, so everything is still queued at shutdown.
+        cfg.publisher.batch_max = 1_000;
+        cfg.publisher.linger_ms = 600_000;
+        let engine = Engine::start(&env, cfg).await?;
+        let a = ACTIVITY.0.to_string();
+        let mut rsvs = Vec::new();
+        for user in 1..=50 {
+            let (code, body) = post(
+                engine.addr,
+                &a,
+                serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}),
+            )
+            .await?;
+            assert_eq!(code, 202, "{body}");
+            rsvs.push(ReservationId::parse(
+                body["reservation_id"].as_str().unwrap(),
+            )?);
+        }
+        for id in &rsvs {
+            let r = store(&env).get(ACTIVITY, id).await?.expect("reservation");
+            assert_eq!(r.mq_status.as_str(), "MQ_PENDING", "{id} is still queued");
+        }
+        engine.stop().await?;
+        for id in rsvs {
+            let r = store(&env).get(ACTIVITY, &id).await?.expect("reservation");
+            assert_eq!(r.mq_status.as_str(), "MQ_SENT", "{id} was not flushed");
+        }
+        Ok(())
+    });
+}
