@@ -162,6 +162,22 @@ pub async fn create(
     show(pool, store, a.activity).await
 }
 
+/// PostgreSQL's side of every SKU: (sku, total, available, valid orders).
+pub async fn pg_stock(
+    pool: &PgPool,
+    activity: ActivityId,
+) -> Result<Vec<(SkuId, i64, i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT i.sku_id, i.total_stock, i.available_stock,
+                (SELECT count(*) FROM orders o WHERE o.activity_id = i.activity_id AND o.sku_id = i.sku_id
+                   AND o.status <> 'CANCELED')
+         FROM inventory i WHERE i.activity_id = $1 ORDER BY i.sku_id",
+    )
+    .bind(activity)
+    .fetch_all(pool)
+    .await
+}
+
 pub async fn show(
     pool: &PgPool,
     store: &ReservationStore,
@@ -175,15 +191,7 @@ pub async fn show(
     let Some((valid_for_ms, pay_within_ms)) = row else {
         return Err(ActivityError::NotFound(activity));
     };
-    let rows: Vec<(SkuId, i64, i64, i64)> = sqlx::query_as(
-        "SELECT i.sku_id, i.total_stock, i.available_stock,
-                (SELECT count(*) FROM orders o WHERE o.activity_id = i.activity_id AND o.sku_id = i.sku_id
-                   AND o.status <> 'CANCELED')
-         FROM inventory i WHERE i.activity_id = $1 ORDER BY i.sku_id",
-    )
-    .bind(activity)
-    .fetch_all(pool)
-    .await?;
+    let rows = pg_stock(pool, activity).await?;
     let mut skus = Vec::with_capacity(rows.len());
     for (sku_id, pg_total, pg_available, pg_valid_orders) in rows {
         skus.push(SkuStock {

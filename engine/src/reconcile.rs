@@ -68,15 +68,7 @@ pub async fn run(
 ) -> Result<Report, ReconcileError> {
     let mut checks = Vec::new();
 
-    let per_sku: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT i.sku_id, i.total_stock, i.available_stock,
-                (SELECT count(*) FROM orders o WHERE o.activity_id = i.activity_id AND o.sku_id = i.sku_id
-                   AND o.status <> 'CANCELED')
-         FROM inventory i WHERE i.activity_id = $1 ORDER BY i.sku_id",
-    )
-    .bind(activity)
-    .fetch_all(pool)
-    .await?;
+    let per_sku = crate::activity::pg_stock(pool, activity).await?;
 
     let oversold: Vec<String> = per_sku
         .iter()
@@ -163,10 +155,7 @@ pub async fn run(
 
     let mut redis_stock = 0i64;
     for (sku, ..) in &per_sku {
-        redis_stock += store
-            .stock(activity, crate::ids::SkuId(*sku))
-            .await?
-            .unwrap_or(0);
+        redis_stock += store.stock(activity, *sku).await?.unwrap_or(0);
     }
     let live = store.live_reservations(activity).await? as i64;
     let pending = store.pending_count(activity).await?;

@@ -649,3 +649,43 @@ fn shutdown_flushes_the_publisher_before_stopping_the_producer() {
         Ok(())
     });
 }
+
+#[test]
+fn reconcile_passes_after_a_sale_and_names_the_counterexample_when_broken() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 3, 300_000).await?;
+        let engine = Engine::start(&env, engine_cfg(&env, 32)).await?;
+        let a = ACTIVITY.0.to_string();
+        for user in 1..=5 {
+            post(
+                engine.addr,
+                &a,
+                serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}),
+            )
+            .await?;
+        }
+        eventually(Duration::from_secs(60), "three orders", || async {
+            Ok((count(&env, "SELECT count(*) FROM orders").await? == 3).then_some(()))
+        })
+        .await?;
+        engine.stop().await?;
+        let report = seckill_engine::reconcile::run(&env.pool, &store(&env), ACTIVITY).await?;
+        assert!(report.passed(), "{report:#?}");
+
+        // Break PostgreSQL conservation and a one-per-user rule by hand.
+        sqlx::query("UPDATE inventory SET available_stock = available_stock + 1")
+            .execute(&env.pool)
+            .await?;
+        let report = seckill_engine::reconcile::run(&env.pool, &store(&env), ACTIVITY).await?;
+        assert!(!report.passed());
+        let failed: Vec<_> = report
+            .checks
+            .iter()
+            .filter(|c| !c.counterexamples.is_empty())
+            .collect();
+        assert_eq!(failed.len(), 1, "{failed:#?}");
+        assert!(failed[0].invariant.contains("PostgreSQL conservation"));
+        assert!(failed[0].counterexamples[0].contains(&format!("sku {}", SKU.0)));
+        Ok(())
+    });
+}
