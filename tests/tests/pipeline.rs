@@ -672,7 +672,7 @@ fn reconcile_passes_after_a_sale_and_names_the_counterexample_when_broken() {
         let report = seckill_engine::reconcile::run(&env.pool, &store(&env), ACTIVITY).await?;
         assert!(report.passed(), "{report:#?}");
 
-        // Break PostgreSQL conservation and a one-per-user rule by hand.
+        // Break PostgreSQL conservation by hand: one unit appears from nowhere.
         sqlx::query("UPDATE inventory SET available_stock = available_stock + 1")
             .execute(&env.pool)
             .await?;
