@@ -64,8 +64,23 @@ pub struct ScannerConfig {
 pub struct ConsumerConfig {
     /// Messages per listener call and per PostgreSQL transaction; 1 is supported.
     pub batch_max: u32,
-    /// Listener threads: bounded by the PostgreSQL budget (seed §22).
+    /// Listener threads wanted; the PostgreSQL budget caps them (seed §22).
     pub threads: u32,
+    /// Share of the pool the order consumer may hold (seed §22.1's order
+    /// share); the rest stays for ingress, scanner and operators.
+    pub pg_share: f64,
+}
+
+impl Config {
+    /// The order consumer's concurrency: `threads`, never above the budget
+    /// `floor(pg.max_connections × consumer.pg_share)`, and at least 1.
+    /// Each listener thread holds one connection for its transaction, so
+    /// more threads than this would only queue on the pool (DESIGN.md §7).
+    pub fn consumer_threads(&self) -> u32 {
+        let budget = (self.pg.max_connections as f64 * self.consumer.pg_share.clamp(0.0, 1.0))
+            .floor() as u32;
+        self.consumer.threads.min(budget).max(1)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -154,6 +169,7 @@ impl Default for ConsumerConfig {
         Self {
             batch_max: 32,
             threads: 4,
+            pg_share: 0.5,
         }
     }
 }
@@ -214,6 +230,20 @@ mod tests {
             "postgres://postgres@127.0.0.1/x"
         );
         assert_eq!(redact_url("127.0.0.1:9876"), "127.0.0.1:9876");
+    }
+
+    #[test]
+    fn consumer_threads_stay_within_the_pg_budget() {
+        let mut cfg = Config::default();
+        cfg.pg.max_connections = 16;
+        cfg.consumer.threads = 4;
+        assert_eq!(cfg.consumer_threads(), 4);
+        cfg.consumer.threads = 64;
+        assert_eq!(cfg.consumer_threads(), 8, "16 connections x 0.5");
+        cfg.consumer.pg_share = 0.0;
+        assert_eq!(cfg.consumer_threads(), 1, "never zero");
+        cfg.consumer.pg_share = 7.0;
+        assert_eq!(cfg.consumer_threads(), 16, "share is clamped to the pool");
     }
 
     #[test]

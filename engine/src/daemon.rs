@@ -96,7 +96,14 @@ pub async fn run(
     );
 
     let mut spec = ConsumerSpec::new(names.group(TopicKind::OrderCreate), topic);
-    spec.threads = cfg.consumer.threads;
+    spec.threads = cfg.consumer_threads();
+    if spec.threads < cfg.consumer.threads {
+        tracing::warn!(
+            wanted = cfg.consumer.threads,
+            budget = spec.threads,
+            "consumer threads capped by the PostgreSQL budget (pg.max_connections x consumer.pg_share)"
+        );
+    }
     spec.batch_max = cfg.consumer.batch_max;
     spec.pull_batch = cfg.consumer.batch_max.max(32);
     spec.max_reconsume_times = cfg.mq.max_reconsume_times;
