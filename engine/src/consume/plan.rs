@@ -1,12 +1,12 @@
 //! The per-message decisions of the order transaction between its round
 //! trips, as pure functions over plain data (DESIGN.md §7): which new
 //! messages are duplicates or rejections before any stock is touched, and
-//! which candidates get the units PostgreSQL granted.
+//! which placed orders keep the units PostgreSQL granted.
 
 use super::RejectReason;
 use crate::ids::{ActivityId, SkuId, UserId};
 use crate::status::ReservationOutcome;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 
 /// What the inbox-and-claim statement said about one message new to the
 /// inbox, in batch order (oldest reservation first).
@@ -52,28 +52,23 @@ pub(crate) fn screen(fresh: &[Fresh]) -> Vec<Screened> {
         .collect()
 }
 
-/// Hands the units PostgreSQL granted per (activity, sku) to candidates,
-/// oldest first, and re-offers a unit whose candidate lost its user to a
-/// concurrent order.
+/// Shares the units PostgreSQL granted per (activity, sku) among the orders
+/// already placed, oldest reservation first. The orders go in before the
+/// stock is taken (see `sql::TAKE_STOCK`), so the units wanted are exactly
+/// the orders placed, and a candidate that lost its user to a concurrent
+/// order never asked for one: there is nothing to re-offer or give back.
 #[derive(Debug, Default)]
-pub(crate) struct Allocator {
-    skus: BTreeMap<(ActivityId, SkuId), Sku>,
+pub(crate) struct Allocation {
+    /// Placed orders (by caller index) per (activity, sku), oldest first.
+    skus: BTreeMap<(ActivityId, SkuId), Vec<usize>>,
 }
 
-#[derive(Debug, Default)]
-struct Sku {
-    /// Candidates (by caller index) not yet given a unit, oldest first.
-    waiting: VecDeque<usize>,
-    /// Units taken from inventory and not yet handed out.
-    free: i64,
-}
-
-impl Allocator {
-    /// `candidates` in batch order: (caller index, activity, sku).
-    pub fn new(candidates: impl IntoIterator<Item = (usize, ActivityId, SkuId)>) -> Self {
-        let mut skus: BTreeMap<(ActivityId, SkuId), Sku> = BTreeMap::new();
-        for (i, a, s) in candidates {
-            skus.entry((a, s)).or_default().waiting.push_back(i);
+impl Allocation {
+    /// `placed` in batch order: (caller index, activity, sku).
+    pub fn new(placed: impl IntoIterator<Item = (usize, ActivityId, SkuId)>) -> Self {
+        let mut skus: BTreeMap<(ActivityId, SkuId), Vec<usize>> = BTreeMap::new();
+        for (i, a, s) in placed {
+            skus.entry((a, s)).or_default().push(i);
         }
         Self { skus }
     }
@@ -82,7 +77,7 @@ impl Allocator {
     pub fn wanted(&self) -> Vec<(ActivityId, SkuId, i64)> {
         self.skus
             .iter()
-            .map(|(&(a, s), sku)| (a, s, sku.waiting.len() as i64))
+            .map(|(&(a, s), placed)| (a, s, placed.len() as i64))
             .collect()
     }
 
@@ -90,49 +85,19 @@ impl Allocator {
         self.skus.is_empty()
     }
 
-    /// Records the units taken for one (activity, sku).
-    pub fn granted(&mut self, activity_id: ActivityId, sku_id: SkuId, units: i64) {
-        if let Some(sku) = self.skus.get_mut(&(activity_id, sku_id)) {
-            sku.free += units;
-        }
-    }
-
-    /// Gives a unit back to the pool of its (activity, sku): its candidate
-    /// lost the order insert to a concurrent order for the same user.
-    pub fn lost(&mut self, activity_id: ActivityId, sku_id: SkuId) {
-        self.granted(activity_id, sku_id, 1);
-    }
-
-    /// The next candidates to try an order for: as many as there are free
-    /// units, oldest first. Empty when nothing more can be placed. Each
-    /// round either places every candidate it hands out or loses some for
-    /// good, so the rounds end after at most one per candidate.
-    pub fn next_round(&mut self) -> Vec<usize> {
-        let mut out = Vec::new();
-        for sku in self.skus.values_mut() {
-            while sku.free > 0 {
-                let Some(i) = sku.waiting.pop_front() else {
-                    break;
-                };
-                sku.free -= 1;
-                out.push(i);
-            }
-        }
+    /// The placed orders left without a unit, in caller order: per (activity,
+    /// sku), all but the oldest `granted(activity, sku)`.
+    pub fn unserved(&self, granted: impl Fn(ActivityId, SkuId) -> i64) -> Vec<usize> {
+        let mut out: Vec<usize> = self
+            .skus
+            .iter()
+            .flat_map(|(&(a, s), placed)| {
+                let keep = usize::try_from(granted(a, s)).unwrap_or(0);
+                placed.iter().skip(keep).copied()
+            })
+            .collect();
+        out.sort_unstable();
         out
-    }
-
-    /// Candidates left without a unit (no stock) and units to give back.
-    pub fn finish(self) -> (Vec<usize>, Vec<(ActivityId, SkuId, i64)>) {
-        let mut no_stock = Vec::new();
-        let mut giveback = Vec::new();
-        for ((a, s), sku) in self.skus {
-            no_stock.extend(sku.waiting);
-            if sku.free > 0 {
-                giveback.push((a, s, sku.free));
-            }
-        }
-        no_stock.sort_unstable();
-        (no_stock, giveback)
     }
 }
 
@@ -202,31 +167,27 @@ mod tests {
     #[test]
     fn partial_grants_go_to_the_oldest_and_the_rest_have_no_stock() {
         let (a, s1, s2) = (ActivityId(1), SkuId(1), SkuId(2));
-        let mut alloc = Allocator::new([(0, a, s1), (1, a, s2), (2, a, s1), (3, a, s1)]);
+        let alloc = Allocation::new([(0, a, s1), (1, a, s2), (2, a, s1), (3, a, s1)]);
         assert_eq!(alloc.wanted(), vec![(a, s1, 3), (a, s2, 1)]);
-        alloc.granted(a, s1, 2);
-        alloc.granted(a, s2, 0);
-        assert_eq!(alloc.next_round(), vec![0, 2]);
-        assert_eq!(alloc.next_round(), Vec::<usize>::new());
-        let (no_stock, giveback) = alloc.finish();
-        assert_eq!(no_stock, vec![1, 3]);
-        assert!(giveback.is_empty());
+        let granted = |_, s| if s == s1 { 2 } else { 0 };
+        assert_eq!(alloc.unserved(granted), vec![1, 3]);
     }
 
     #[test]
-    fn a_lost_unit_is_re_offered_then_given_back() {
+    fn a_full_grant_leaves_nobody_unserved() {
         let (a, s) = (ActivityId(1), SkuId(1));
-        let mut alloc = Allocator::new([(0, a, s), (1, a, s), (2, a, s)]);
-        alloc.granted(a, s, 2);
-        assert_eq!(alloc.next_round(), vec![0, 1]);
-        // Candidate 1 lost its user to a concurrent order: 2 gets its unit.
-        alloc.lost(a, s);
-        assert_eq!(alloc.next_round(), vec![2]);
-        // 2 lost too, and nobody is left: the unit goes back to inventory.
-        alloc.lost(a, s);
-        assert_eq!(alloc.next_round(), Vec::<usize>::new());
-        let (no_stock, giveback) = alloc.finish();
-        assert!(no_stock.is_empty());
-        assert_eq!(giveback, vec![(a, s, 1)]);
+        let alloc = Allocation::new([(4, a, s), (7, a, s)]);
+        assert_eq!(alloc.wanted(), vec![(a, s, 2)]);
+        assert!(alloc.unserved(|_, _| 2).is_empty());
+        // No grant at all (a sold-out row): every placed order is undone.
+        assert_eq!(alloc.unserved(|_, _| 0), vec![4, 7]);
+    }
+
+    #[test]
+    fn nothing_placed_wants_nothing() {
+        let alloc = Allocation::new([]);
+        assert!(alloc.is_empty());
+        assert!(alloc.wanted().is_empty());
+        assert!(alloc.unserved(|_, _| 0).is_empty());
     }
 }

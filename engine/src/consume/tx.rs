@@ -1,14 +1,15 @@
 //! The order transaction (DESIGN.md §7): runs the [`sql`] statements in
 //! order, with the pure [`plan`] deciding between round trips. A batch of N
-//! messages is `BEGIN`, four statements and `COMMIT`, whatever N is (one
-//! more statement per round in the rare case a concurrent transaction wins
-//! a user; see [`plan::Allocator::next_round`]).
+//! messages is `BEGIN`, four statements and `COMMIT`, whatever N is, with
+//! the stock taken last so the hot inventory row is locked only for that
+//! statement and the commit (see [`sql::TAKE_STOCK`]). Two more statements
+//! run only in the batch that gets fewer units than it placed orders.
 
 use super::events::{
     ORDER_CREATED_EVENT, OrderCreated, RELEASE_RESERVATION_EVENT, ReleaseReservation,
     TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION,
 };
-use super::plan::{self, Allocator, Fresh, Screened};
+use super::plan::{self, Allocation, Fresh, Screened};
 use super::{MessageOutcome, Parsed, ProcessError, RejectReason, sql};
 use crate::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId, UserId};
 use crate::message::{CANCEL_EVENT, CancelOrderIfUnpaid, OrderCreateRequested, SCHEMA_VERSION};
@@ -51,7 +52,7 @@ pub(super) async fn process(
 
     // Round trip 1: inbox and reservation claims.
     let rows = inbox_and_claim(&mut tx, group, &ordered).await?;
-    let (fresh_pos, fresh) = fresh_in_batch_order(&ordered, &rows);
+    let (fresh_pos, fresh, pay_within) = fresh_in_batch_order(&ordered, &rows);
     let Some(tx_now) = rows.first().map(|r| r.tx_now) else {
         // Every message was consumed before: nothing was written.
         tx.commit().await?;
@@ -68,77 +69,108 @@ pub(super) async fn process(
             Screened::Candidate => None,
         })
         .collect();
+    let candidates: Vec<usize> = (0..fresh.len())
+        .filter(|&f| screened[f] == Screened::Candidate)
+        .collect();
 
-    // Round trip 2: stock for every candidate at once.
-    let mut alloc = Allocator::new(
-        screened
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| **s == Screened::Candidate)
-            .map(|(f, _)| (f, fresh[f].activity_id, fresh[f].sku_id)),
-    );
-    let mut pay_within: HashMap<ActivityId, i64> = HashMap::new();
-    if !alloc.is_empty() {
-        let wanted = alloc.wanted();
-        let granted = take_stock(&mut tx, &wanted).await?;
-        for (a, s, _) in &wanted {
-            let Some(g) = granted
-                .iter()
-                .find(|g| g.activity_id == *a && g.sku_id == *s)
-            else {
-                return Err(ProcessError::MissingInventory {
-                    activity_id: *a,
-                    sku_id: *s,
-                });
-            };
-            alloc.granted(*a, *s, g.granted);
-            pay_within.insert(*a, g.pay_within_ms);
-        }
+    // A candidate's SKU without an inventory row fails the batch here, before
+    // the order insert would fail on its foreign key with a plain database
+    // error: the handler sets that SKU's messages aside (DESIGN.md §9). The
+    // first such SKU in key order, as the lock order would meet it.
+    if let Some(f) = candidates
+        .iter()
+        .filter(|&&f| pay_within[f].is_none())
+        .min_by_key(|&&f| (fresh[f].activity_id, fresh[f].sku_id))
+    {
+        return Err(ProcessError::MissingInventory {
+            activity_id: fresh[*f].activity_id,
+            sku_id: fresh[*f].sku_id,
+        });
     }
 
-    // Round trip 3: orders for the candidates that got a unit, then again
-    // for re-offered units if a concurrent order took some users.
-    let mut created: Vec<(usize, DateTime<Utc>)> = Vec::new();
-    loop {
-        let round = alloc.next_round();
-        if round.is_empty() {
-            break;
-        }
-        let expires: Vec<DateTime<Utc>> = round
+    // Round trip 2: an order for every candidate, before any stock is taken.
+    // A candidate whose user a concurrent order took is a duplicate.
+    let mut placed: Vec<Placed> = Vec::new();
+    if !candidates.is_empty() {
+        let expires: Vec<DateTime<Utc>> = candidates
             .iter()
             .map(|&f| {
-                let m = &ordered[fresh_pos[f]].msg;
-                tx_now + chrono::Duration::milliseconds(pay_within[&m.activity_id])
+                let ms = pay_within[f].expect("checked above");
+                tx_now + chrono::Duration::milliseconds(ms)
             })
             .collect();
-        let inserted = insert_orders(&mut tx, &ordered, &fresh_pos, &round, &expires).await?;
-        for (&f, &exp) in round.iter().zip(&expires) {
+        let inserted = insert_orders(&mut tx, &ordered, &fresh_pos, &candidates, &expires).await?;
+        for (&f, &expires_at) in candidates.iter().zip(&expires) {
             let m = &ordered[fresh_pos[f]].msg;
             if inserted.contains(&m.order_id) {
-                created.push((f, exp));
+                placed.push(Placed::new(f, expires_at));
                 decided[f] = Some(MessageOutcome::Created {
                     order_id: m.order_id.clone(),
                 });
             } else {
                 decided[f] = Some(MessageOutcome::Rejected(RejectReason::DuplicateUser));
-                alloc.lost(m.activity_id, m.sku_id);
             }
         }
     }
-    let (no_stock, giveback) = alloc.finish();
-    for f in no_stock {
-        decided[f] = Some(MessageOutcome::Rejected(RejectReason::NoStock));
-    }
-
-    // Round trip 4: ledger, outcomes, compensations, outbox, inbox.
-    let decided: Vec<MessageOutcome> = decided
+    let mut decided: Vec<MessageOutcome> = decided
         .into_iter()
         .map(|d| d.expect("every fresh message is decided by now"))
         .collect();
-    let finish = Finish::build(
-        group, names, tx_now, &ordered, &fresh_pos, &decided, &created, &giveback,
-    );
-    finish.run(&mut tx).await?;
+
+    // Round trip 3: ledger, outcomes, compensations, outbox, inbox, written
+    // as if every placed order gets its unit.
+    Finish::build(
+        group,
+        names,
+        tx_now,
+        &ordered,
+        &fresh_pos,
+        decided.iter().enumerate(),
+        &placed,
+    )
+    .run(&mut tx)
+    .await?;
+
+    // Round trip 4: the stock, last, so the hot row is locked only from here
+    // to the end of the commit.
+    let alloc = Allocation::new(placed.iter().map(|p| {
+        let m = &ordered[fresh_pos[p.fresh]].msg;
+        (p.fresh, m.activity_id, m.sku_id)
+    }));
+    if !alloc.is_empty() {
+        let granted = take_stock(&mut tx, &alloc.wanted()).await?;
+        let unserved = alloc.unserved(|a, s| {
+            granted
+                .iter()
+                .find(|g| g.activity_id == a && g.sku_id == s)
+                .map_or(0, |g| g.granted)
+        });
+        if !unserved.is_empty() {
+            // Fewer units than orders: the newest orders become NO_STOCK
+            // rejections, each compensated once, in this same transaction,
+            // so nothing of the optimistic rows is ever seen.
+            for &f in &unserved {
+                decided[f] = MessageOutcome::Rejected(RejectReason::NoStock);
+            }
+            let undone: Vec<&Placed> = placed
+                .iter()
+                .filter(|p| unserved.binary_search(&p.fresh).is_ok())
+                .collect();
+            let deleted = undo_orders(&mut tx, &ordered, &fresh_pos, &undone).await?;
+            debug_assert_eq!(deleted, undone.len() as i64, "rows of this transaction");
+            Finish::build(
+                group,
+                names,
+                tx_now,
+                &ordered,
+                &fresh_pos,
+                unserved.iter().map(|&f| (f, &decided[f])),
+                &[],
+            )
+            .run(&mut tx)
+            .await?;
+        }
+    }
     tx.commit().await?;
 
     // Back to input order.
@@ -156,8 +188,12 @@ pub(super) async fn process(
 }
 
 /// The messages new to the inbox, in batch order: each one's position in
-/// `ordered` and what the claim said about it.
-fn fresh_in_batch_order(ordered: &[&Parsed], rows: &[ClaimRow]) -> (Vec<usize>, Vec<Fresh>) {
+/// `ordered`, what the claim said about it, and its activity's payment
+/// window (`None`: no inventory row for its SKU).
+fn fresh_in_batch_order(
+    ordered: &[&Parsed],
+    rows: &[ClaimRow],
+) -> (Vec<usize>, Vec<Fresh>, Vec<Option<i64>>) {
     let pos: HashMap<&MessageId, usize> = ordered
         .iter()
         .enumerate()
@@ -168,20 +204,45 @@ fn fresh_in_batch_order(ordered: &[&Parsed], rows: &[ClaimRow]) -> (Vec<usize>, 
         .filter_map(|r| pos.get(&r.message_id).map(|&k| (k, r)))
         .collect();
     by_pos.sort_by_key(|(k, _)| *k);
-    by_pos
-        .into_iter()
-        .map(|(k, r)| {
-            let m = &ordered[k].msg;
-            let fresh = Fresh {
-                activity_id: m.activity_id,
-                sku_id: m.sku_id,
-                user_id: m.user_id,
-                claimed: r.outcome,
-                user_has_order: r.user_has_order,
-            };
-            (k, fresh)
-        })
-        .unzip()
+    let mut out = (
+        Vec::with_capacity(by_pos.len()),
+        Vec::with_capacity(by_pos.len()),
+        Vec::with_capacity(by_pos.len()),
+    );
+    for (k, r) in by_pos {
+        let m = &ordered[k].msg;
+        out.0.push(k);
+        out.1.push(Fresh {
+            activity_id: m.activity_id,
+            sku_id: m.sku_id,
+            user_id: m.user_id,
+            claimed: r.outcome,
+            user_has_order: r.user_has_order,
+        });
+        out.2.push(r.pay_within_ms);
+    }
+    out
+}
+
+/// An order this transaction inserted, with the ids of its two outbox rows
+/// (chosen here so [`sql::UNDO_ORDERS`] can find them again).
+struct Placed {
+    /// Index into the fresh messages.
+    fresh: usize,
+    expires_at: DateTime<Utc>,
+    cancel_id: MessageId,
+    event_id: MessageId,
+}
+
+impl Placed {
+    fn new(fresh: usize, expires_at: DateTime<Utc>) -> Self {
+        Self {
+            fresh,
+            expires_at,
+            cancel_id: MessageId::generate(),
+            event_id: MessageId::generate(),
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -189,6 +250,7 @@ struct ClaimRow {
     message_id: MessageId,
     outcome: Option<ReservationOutcome>,
     user_has_order: bool,
+    pay_within_ms: Option<i64>,
     tx_now: DateTime<Utc>,
 }
 
@@ -219,7 +281,6 @@ struct Granted {
     activity_id: ActivityId,
     sku_id: SkuId,
     granted: i64,
-    pay_within_ms: i64,
 }
 
 async fn take_stock(
@@ -256,6 +317,28 @@ async fn insert_orders(
     Ok(ids.into_iter().collect())
 }
 
+async fn undo_orders(
+    tx: &mut Transaction<'static, Postgres>,
+    ordered: &[&Parsed],
+    fresh_pos: &[usize],
+    undone: &[&Placed],
+) -> Result<i64, sqlx::Error> {
+    let msgs: Vec<&OrderCreateRequested> = undone
+        .iter()
+        .map(|p| &ordered[fresh_pos[p.fresh]].msg)
+        .collect();
+    let outbox: Vec<MessageId> = undone
+        .iter()
+        .flat_map(|p| [p.cancel_id.clone(), p.event_id.clone()])
+        .collect();
+    sqlx::query_scalar(sql::UNDO_ORDERS)
+        .bind(column(&msgs, |m| m.order_id.clone()))
+        .bind(column(&msgs, |m| m.reservation_id.clone()))
+        .bind(outbox)
+        .fetch_one(&mut **tx)
+        .await
+}
+
 fn column<T, U>(items: &[T], f: impl Fn(&T) -> U) -> Vec<U> {
     items.iter().map(f).collect()
 }
@@ -268,9 +351,6 @@ struct Finish {
     ledger_activity: Vec<ActivityId>,
     ledger_sku: Vec<SkuId>,
     ledger_msg: Vec<MessageId>,
-    back_activity: Vec<ActivityId>,
-    back_sku: Vec<SkuId>,
-    back_units: Vec<i64>,
     rej_rsv: Vec<ReservationId>,
     rej_outcome: Vec<ReservationOutcome>,
     rej_activity: Vec<ActivityId>,
@@ -299,16 +379,17 @@ fn json(v: &impl serde::Serialize) -> serde_json::Value {
 }
 
 impl Finish {
-    #[allow(clippy::too_many_arguments)]
-    fn build(
+    /// `decided`: (fresh index, outcome) of the messages whose inbox row and
+    /// rejection to write; `placed`: the orders whose ledger and outbox rows
+    /// to write.
+    fn build<'a>(
         group: &str,
         names: &Names,
         tx_now: DateTime<Utc>,
         ordered: &[&Parsed],
         fresh_pos: &[usize],
-        decided: &[MessageOutcome],
-        created: &[(usize, DateTime<Utc>)],
-        giveback: &[(ActivityId, SkuId, i64)],
+        decided: impl IntoIterator<Item = (usize, &'a MessageOutcome)>,
+        placed: &[Placed],
     ) -> Self {
         let mut f = Finish {
             group: group.to_owned(),
@@ -317,8 +398,8 @@ impl Finish {
         };
         let msg = |i: usize| &ordered[fresh_pos[i]].msg;
 
-        for &(i, expires_at) in created {
-            let m = msg(i);
+        for p in placed {
+            let (m, expires_at) = (msg(p.fresh), p.expires_at);
             f.ledger_rsv.push(m.reservation_id.clone());
             f.ledger_order.push(m.order_id.clone());
             f.ledger_activity.push(m.activity_id);
@@ -327,7 +408,7 @@ impl Finish {
 
             // The delayed cancel: delivered by the broker at expires_at
             // (DESIGN.md §8), so an unpaid order gives its stock back.
-            let cancel_id = MessageId::generate();
+            let cancel_id = p.cancel_id.clone();
             f.push_out(
                 cancel_id.clone(),
                 names.topic(TopicKind::OrderTimeout),
@@ -350,7 +431,7 @@ impl Finish {
                 }),
                 Some(expires_at),
             );
-            let event_id = MessageId::generate();
+            let event_id = p.event_id.clone();
             f.push_out(
                 event_id.clone(),
                 names.topic(TopicKind::OrderEvent),
@@ -373,13 +454,7 @@ impl Finish {
             );
         }
 
-        for &(a, s, units) in giveback {
-            f.back_activity.push(a);
-            f.back_sku.push(s);
-            f.back_units.push(units);
-        }
-
-        for (i, d) in decided.iter().enumerate() {
+        for (i, d) in decided {
             let m = msg(i);
             let (status, code) = match d {
                 MessageOutcome::Created { .. } => (
@@ -448,9 +523,6 @@ impl Finish {
             .bind(self.ledger_activity)
             .bind(self.ledger_sku)
             .bind(self.ledger_msg)
-            .bind(self.back_activity)
-            .bind(self.back_sku)
-            .bind(self.back_units)
             .bind(self.rej_rsv)
             .bind(self.rej_outcome)
             .bind(self.rej_activity)
