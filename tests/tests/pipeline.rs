@@ -15,7 +15,7 @@ use seckill_engine::mq::{
     ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Producer, TopicKind,
 };
 use seckill_engine::publish::{order_message, to_outgoing};
-use seckill_engine::reservation::{ReservationStore, ReserveOutcome, ReserveRequest};
+use seckill_engine::reservation::{Reservation, ReservationStore, ReserveOutcome, ReserveRequest};
 use seckill_tests::{Setup, TestEnv, eventually, run};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -104,6 +104,39 @@ impl Engine {
     }
 }
 
+/// One order, one ledger row and one inbox row: the business effect
+/// happened exactly once (DESIGN.md §12).
+async fn assert_one_business_effect(env: &TestEnv) -> Result<()> {
+    assert_eq!(count(env, "SELECT count(*) FROM orders").await?, 1);
+    assert_eq!(
+        count(env, "SELECT count(*) FROM inventory_ledger").await?,
+        1
+    );
+    assert_eq!(count(env, "SELECT count(*) FROM consumer_inbox").await?, 1);
+    Ok(())
+}
+
+/// Puts the reservation's order-create message on the broker directly,
+/// leaving the reservation itself untouched in Redis.
+async fn store_on_broker(env: &TestEnv, r: &Reservation) -> Result<()> {
+    let producer = RocketProducer::start(
+        env.rt.clone(),
+        &env.cfg.namesrv_addr,
+        &format!("{}PG_TEST", env.names.prefix()),
+        Duration::from_secs(3),
+        0,
+    )
+    .await?;
+    let topic = env.names.topic(TopicKind::OrderCreate);
+    let m = order_message(r, TraceContext::generate());
+    let out = producer
+        .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+        .await;
+    producer.shutdown().await;
+    ensure!(out.is_confirmed(), "{out:?}");
+    Ok(())
+}
+
 async fn outcome_of(env: &TestEnv, rsv: &ReservationId) -> Result<Option<String>> {
     Ok(
         sqlx::query_scalar("SELECT outcome::text FROM reservations WHERE reservation_id = $1")
@@ -185,23 +218,8 @@ fn window_2(batch: usize) {
             anyhow::bail!("not reserved");
         };
         // The broker stores it; the reservation is left MQ_PENDING, as after UNKNOWN.
-        let producer = RocketProducer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &format!("{}PG_TEST", env.names.prefix()),
-            Duration::from_secs(3),
-            0,
-        )
-        .await?;
         let topic = env.names.topic(TopicKind::OrderCreate);
-        let m = order_message(&r, TraceContext::generate());
-        ensure!(
-            producer
-                .send(to_outgoing(&m, &topic), Duration::from_secs(3))
-                .await
-                .is_confirmed()
-        );
-        producer.shutdown().await;
+        store_on_broker(&env, &r).await?;
 
         let engine = Engine::start(&env, engine_cfg(&env, batch)).await?;
         eventually(Duration::from_secs(60), "the order", || async {
@@ -230,12 +248,7 @@ fn window_2(batch: usize) {
         )
         .await?;
         engine.stop().await?;
-        assert_eq!(count(&env, "SELECT count(*) FROM orders").await?, 1);
-        assert_eq!(
-            count(&env, "SELECT count(*) FROM inventory_ledger").await?,
-            1
-        );
-        assert_eq!(count(&env, "SELECT count(*) FROM consumer_inbox").await?, 1);
+        assert_one_business_effect(&env).await?;
         Ok(())
     });
 }
@@ -278,22 +291,7 @@ fn window_3(batch: u32) {
             anyhow::bail!("not reserved");
         };
         let topic = env.names.topic(TopicKind::OrderCreate);
-        let producer = RocketProducer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &format!("{}PG_TEST", env.names.prefix()),
-            Duration::from_secs(3),
-            0,
-        )
-        .await?;
-        let m = order_message(&r, TraceContext::generate());
-        ensure!(
-            producer
-                .send(to_outgoing(&m, &topic), Duration::from_secs(3))
-                .await
-                .is_confirmed()
-        );
-        producer.shutdown().await;
+        store_on_broker(&env, &r).await?;
 
         let handler = Arc::new(CrashBeforeAck {
             inner: OrderConsumer::new(env.pool.clone(), env.names.clone()),
@@ -317,12 +315,7 @@ fn window_3(batch: u32) {
             outcome_of(&env, &r.reservation_id).await?.as_deref(),
             Some("ORDER_CREATED")
         );
-        assert_eq!(count(&env, "SELECT count(*) FROM orders").await?, 1);
-        assert_eq!(
-            count(&env, "SELECT count(*) FROM inventory_ledger").await?,
-            1
-        );
-        assert_eq!(count(&env, "SELECT count(*) FROM consumer_inbox").await?, 1);
+        assert_one_business_effect(&env).await?;
         Ok(())
     });
 }
