@@ -41,15 +41,7 @@ pub enum ActivityCmd {
     },
 }
 
-struct View(ActivityView);
-
-impl serde::Serialize for View {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-
-impl Tabular for View {
+impl Tabular for ActivityView {
     fn table(&self) -> comfy_table::Table {
         let mut t = new_table([
             "SKU",
@@ -58,7 +50,7 @@ impl Tabular for View {
             "PG VALID ORDERS",
             "REDIS STOCK",
         ]);
-        for s in &self.0.skus {
+        for s in &self.skus {
             t.add_row([
                 s.sku_id.to_string(),
                 s.pg_total.to_string(),
@@ -73,11 +65,11 @@ impl Tabular for View {
     fn footer(&self) -> Vec<String> {
         vec![format!(
             "activity {}: valid for {} s, pay within {} s; Redis live reservations {}, pending sends {}",
-            self.0.activity_id,
-            self.0.valid_for_ms / 1000,
-            self.0.pay_within_ms / 1000,
-            self.0.redis_live_reservations,
-            self.0.redis_pending
+            self.activity_id,
+            self.valid_for_ms / 1000,
+            self.pay_within_ms / 1000,
+            self.redis_live_reservations,
+            self.redis_pending
         )]
     }
 }
@@ -109,5 +101,5 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config) -> Result<()> {
             (activity::show(&pool, &store, activity).await?, output)
         }
     };
-    render(&mut std::io::stdout().lock(), output, &View(view))
+    render(&mut std::io::stdout().lock(), output, &view)
 }

@@ -14,15 +14,7 @@ pub struct HealthArgs {
     output: OutputFormat,
 }
 
-struct View(HealthReport);
-
-impl serde::Serialize for View {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-
-impl Tabular for View {
+impl Tabular for HealthReport {
     fn table(&self) -> comfy_table::Table {
         let mut t = new_table([
             "COMPONENT",
@@ -32,7 +24,7 @@ impl Tabular for View {
             "LATENCY",
             "DETAIL",
         ]);
-        for c in &self.0.components {
+        for c in &self.components {
             t.add_row([
                 c.component.clone(),
                 c.endpoint.clone(),
@@ -51,7 +43,7 @@ impl Tabular for View {
 pub async fn run(args: HealthArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Exit> {
     let report = health::check(cfg, rt).await;
     let worst = report.worst();
-    render(&mut std::io::stdout().lock(), args.output, &View(report))?;
+    render(&mut std::io::stdout().lock(), args.output, &report)?;
     Ok(match worst {
         HealthState::Up => Exit::Ok,
         HealthState::Degraded => Exit::Warn,

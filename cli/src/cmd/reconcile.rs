@@ -18,18 +18,10 @@ pub struct ReconcileArgs {
     output: OutputFormat,
 }
 
-pub struct View(pub Report);
-
-impl serde::Serialize for View {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-
-impl Tabular for View {
+impl Tabular for Report {
     fn table(&self) -> comfy_table::Table {
         let mut t = new_table(["INVARIANT", "VERDICT", "EVIDENCE", "COUNTEREXAMPLES"]);
-        for c in &self.0.checks {
+        for c in &self.checks {
             t.add_row([
                 c.invariant.to_owned(),
                 match c.verdict {
@@ -44,12 +36,12 @@ impl Tabular for View {
     }
 
     fn footer(&self) -> Vec<String> {
-        vec![if self.0.passed() {
-            format!("activity {}: every invariant holds", self.0.activity_id)
+        vec![if self.passed() {
+            format!("activity {}: every invariant holds", self.activity_id)
         } else {
             format!(
                 "activity {}: INVARIANT VIOLATED (see FAIL rows)",
-                self.0.activity_id
+                self.activity_id
             )
         }]
     }
@@ -61,6 +53,6 @@ pub async fn run(args: ReconcileArgs, cfg: &Config) -> Result<Exit> {
     let store = ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
     let report = reconcile::run(&pool, &store, args.activity).await?;
     let ok = report.passed();
-    render(&mut std::io::stdout().lock(), args.output, &View(report))?;
+    render(&mut std::io::stdout().lock(), args.output, &report)?;
     Ok(if ok { Exit::Ok } else { Exit::Violation })
 }
