@@ -5,7 +5,9 @@
 # summary and the reconcile verdict, and stops the engine.
 #
 # Knobs (environment): DEMO_STOCK (10000), DEMO_USERS (20000), DEMO_RATE (20000),
-# DEMO_BATCH (the publisher and consumer batch size, 32; 1 = per message).
+# DEMO_BATCH (the publisher and consumer batch size, 32; 1 = per message),
+# DEMO_PAY_SHARE (0.5 of the orders are paid), DEMO_PAY_WITHIN (20s: the
+# unpaid rest visibly cancel and give their stock back before reconcile).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
@@ -15,13 +17,15 @@ USERS="${DEMO_USERS:-20000}"
 RATE="${DEMO_RATE:-20000}"
 BATCH="${DEMO_BATCH:-32}"
 PORT="${DEMO_PORT:-8080}"
+PAY_SHARE="${DEMO_PAY_SHARE:-0.5}"
+PAY_WITHIN="${DEMO_PAY_WITHIN:-20s}"
 
 started=$SECONDS
-"$ROOT/scripts/stack.sh" up
-
 log "building seckillctl (release)"
 cargo build -q --locked --release -p seckillctl
 ctl="$CARGO_TARGET_DIR/release/seckillctl"
+
+SECKILLCTL="$ctl" "$ROOT/scripts/stack.sh" up
 
 log "seckillctl db migrate"
 "$ctl" db migrate
@@ -50,9 +54,10 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 
-log "flash sale: activity $activity, stock $STOCK, $USERS users, $RATE requests/s"
+log "flash sale: activity $activity, stock $STOCK, $USERS users, $RATE requests/s; pay $PAY_SHARE of the orders within $PAY_WITHIN"
 "$ctl" --config "$conf" bench flash-sale --activity "$activity" --sku 1 --stock "$STOCK" \
-  --users "$USERS" --rate "$RATE" --engine "http://127.0.0.1:$PORT"
+  --users "$USERS" --rate "$RATE" --engine "http://127.0.0.1:$PORT" \
+  --pay-share "$PAY_SHARE" --pay-within "$PAY_WITHIN"
 
 log "seckillctl reconcile --activity $activity"
 "$ctl" --config "$conf" reconcile --activity "$activity"

@@ -4,6 +4,7 @@
 #   scripts/stack.sh up       start what is missing, wait for health, create db/topics/groups
 #   scripts/stack.sh status   one row per component
 #   scripts/stack.sh down     stop only what `up` started
+#   scripts/stack.sh install  only build the broker binaries (once; cached)
 #
 # A service already answering on its standard port is used as it is. What this
 # script starts is recorded under $STATE_DIR/started, and only that is stopped.
@@ -116,9 +117,15 @@ TOML
     || die "broker did not listen on $BROKER_PORT (see $home/broker.log)"
 }
 
+# $SECKILLCTL names an already built binary (test.sh and demo.sh pass theirs):
+# building `-p seckillctl` alone would resolve features differently from the
+# workspace build and compile the RocketMQ client a second time.
 seckillctl() {
-  cargo build -q -p seckillctl --manifest-path "$ROOT/Cargo.toml" >&2
-  "$CARGO_TARGET_DIR/debug/seckillctl" "$@"
+  if [ -z "${SECKILLCTL:-}" ]; then
+    cargo build -q --locked -p seckillctl --manifest-path "$ROOT/Cargo.toml" >&2
+    SECKILLCTL="$CARGO_TARGET_DIR/debug/seckillctl"
+  fi
+  "$SECKILLCTL" "$@"
 }
 
 up() {
@@ -188,5 +195,6 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  install) rocketmq_install ;;
+  *) echo "usage: $0 up|down|status|install" >&2; exit 2 ;;
 esac

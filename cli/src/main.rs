@@ -44,6 +44,9 @@ enum Command {
     /// Activities and their stock
     #[command(subcommand)]
     Activity(cmd::activity::ActivityCmd),
+    /// Pay, cancel or show an order (DESIGN §8)
+    #[command(subcommand)]
+    Order(cmd::order::OrderCmd),
     /// Check the invariants of DESIGN §12; exit 5 on a violation
     Reconcile(cmd::reconcile::ReconcileArgs),
     /// Benchmarks against a running engine
@@ -88,6 +91,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Mq(c) => cmd::mq::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Config(a) => cmd::config::run(a, &cfg).map(|()| Exit::Ok),
             Command::Activity(c) => cmd::activity::run(c, &cfg).await.map(|()| Exit::Ok),
+            Command::Order(c) => cmd::order::run(c, &cfg).await,
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
             Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Engine(c) => cmd::engine::run(c, &cfg, rt).await.map(|()| Exit::Ok),

@@ -26,6 +26,43 @@ pub struct Config {
     pub publisher: PublisherConfig,
     pub scanner: ScannerConfig,
     pub consumer: ConsumerConfig,
+    pub outbox: OutboxConfig,
+    pub lifecycle: LifecycleConfig,
+}
+
+/// The outbox publisher (DESIGN.md §8): claims due `event_outbox` rows and
+/// sends them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Rows claimed per pass.
+    pub batch_max: i64,
+    /// Pause between passes when nothing was due.
+    pub poll_ms: u64,
+    /// A claim's lease: if this instance dies mid-send, another one re-sends
+    /// the row (with the same `message_id`) once the lease lapses.
+    pub lease_ms: u64,
+    /// Delayed (timer) sends in flight at once; they cannot be batched.
+    pub in_flight: usize,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+/// The after-order consumers and their safety-net sweeps (DESIGN.md §8).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LifecycleConfig {
+    /// Listener threads of each of the cancel, compensation and projection
+    /// consumers. They share the pool with the order consumer.
+    pub consumer_threads: u32,
+    /// How often the sweeps look for overdue work.
+    pub sweep_interval_ms: u64,
+    /// How far past `expires_at` an unpaid order must be before the sweep
+    /// cancels it itself: the delayed message normally does it first.
+    pub cancel_grace_ms: u64,
+    /// How old a PENDING compensation task must be before the sweep
+    /// releases it itself (a lost release message or a crash mid-way).
+    pub compensation_grace_ms: u64,
 }
 
 /// The micro-batching publisher (DESIGN.md §6).
@@ -115,6 +152,8 @@ impl Default for Config {
             publisher: PublisherConfig::default(),
             scanner: ScannerConfig::default(),
             consumer: ConsumerConfig::default(),
+            outbox: OutboxConfig::default(),
+            lifecycle: LifecycleConfig::default(),
         }
     }
 }
@@ -170,6 +209,30 @@ impl Default for ConsumerConfig {
             batch_max: 32,
             threads: 4,
             pg_share: 0.5,
+        }
+    }
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            batch_max: 128,
+            poll_ms: 100,
+            lease_ms: 15_000,
+            in_flight: 16,
+            backoff_base_ms: 500,
+            backoff_max_ms: 30_000,
+        }
+    }
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        Self {
+            consumer_threads: 2,
+            sweep_interval_ms: 5_000,
+            cancel_grace_ms: 30_000,
+            compensation_grace_ms: 60_000,
         }
     }
 }

@@ -1,5 +1,7 @@
 //! `seckillctl engine run`: the publisher, the scanner, the order-create
-//! consumer and the HTTP surface in one process (DESIGN.md §2).
+//! consumer, the outbox publisher, the cancel, compensation and projection
+//! consumers with their sweeps, and the HTTP surface in one process
+//! (DESIGN.md §2).
 //!
 //! Like mini-redis, [`run`] takes the listener and a `shutdown` future, so
 //! the binary decides what stops it (SIGTERM, Ctrl-C) and tests can stop it
@@ -9,14 +11,16 @@
 //! flush the publisher, then stop the producer.
 
 use crate::config::Config;
+use crate::config::LifecycleConfig;
 use crate::consume::OrderConsumer;
 use crate::http::{AppState, router};
+use crate::lifecycle::{CancelConsumer, CompensationConsumer, ProjectionConsumer};
 use crate::mq::rocket::{MqError, RocketConsumer, RocketProducer};
 use crate::mq::{ConsumerSpec, Names, TopicKind};
 use crate::reservation::ReservationStore;
 use crate::runtime::ClientRuntime;
-use crate::stats::PublishStats;
-use crate::{db, publish, redis_conn, scan};
+use crate::stats::{LifecycleStats, PublishStats};
+use crate::{db, outbox, publish, redis_conn, scan};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,12 +119,79 @@ pub async fn run(
     )
     .await?;
 
+    // After the order (DESIGN.md §8): outbox → cancel, compensation, projection.
+    let lifecycle = Arc::new(LifecycleStats::default());
+    outbox::spawn(
+        outbox::OutboxDeps {
+            producer: producer.clone(),
+            pool: pool.clone(),
+            send_timeout,
+            stats: lifecycle.clone(),
+        },
+        cfg.outbox.clone(),
+        &tracker,
+        cancel.clone(),
+    );
+    let small = |kind: TopicKind| {
+        let mut spec = ConsumerSpec::new(names.group(kind), names.topic(kind));
+        spec.threads = cfg.lifecycle.consumer_threads.max(1);
+        spec.batch_max = 16;
+        spec.max_reconsume_times = cfg.mq.max_reconsume_times;
+        spec
+    };
+    let cancel_consumer = RocketConsumer::start(
+        rt.clone(),
+        &cfg.namesrv_addr,
+        &small(TopicKind::OrderTimeout),
+        Arc::new(CancelConsumer::new(
+            pool.clone(),
+            names.clone(),
+            lifecycle.clone(),
+        )),
+    )
+    .await?;
+    let compensation_consumer = RocketConsumer::start(
+        rt.clone(),
+        &cfg.namesrv_addr,
+        &small(TopicKind::InventoryCompensate),
+        Arc::new(CompensationConsumer::new(
+            pool.clone(),
+            store.clone(),
+            &names,
+            lifecycle.clone(),
+        )),
+    )
+    .await?;
+    let projection_consumer = RocketConsumer::start(
+        rt.clone(),
+        &cfg.namesrv_addr,
+        &small(TopicKind::OrderEvent),
+        Arc::new(ProjectionConsumer::new(
+            pool.clone(),
+            store.clone(),
+            &names,
+            lifecycle.clone(),
+        )),
+    )
+    .await?;
+    spawn_sweeps(
+        pool.clone(),
+        store.clone(),
+        names.clone(),
+        cfg.lifecycle.clone(),
+        lifecycle.clone(),
+        &tracker,
+        cancel.clone(),
+    );
+
     let ready = Arc::new(AtomicBool::new(true));
     let state = AppState {
         store,
         pool: pool.clone(),
         publisher,
         stats,
+        lifecycle,
+        names: names.clone(),
         ready: ready.clone(),
         activities: Default::default(),
         first_retry_after_ms: cfg.scanner.first_retry_after_ms as i64,
@@ -139,10 +210,48 @@ pub async fn run(
         .await;
 
     consumer.shutdown().await;
+    cancel_consumer.shutdown().await;
+    compensation_consumer.shutdown().await;
+    projection_consumer.shutdown().await;
     tracker.close();
     tracker.wait().await;
     producer.shutdown().await;
     pool.close().await;
     served?;
     Ok(())
+}
+
+/// The safety nets of DESIGN.md §8: overdue unpaid orders and stale
+/// compensation tasks, settled by the same code the consumers run.
+fn spawn_sweeps(
+    pool: sqlx::PgPool,
+    store: ReservationStore,
+    names: Names,
+    cfg: LifecycleConfig,
+    stats: Arc<LifecycleStats>,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    const LIMIT: i64 = 500;
+    tracker.spawn(async move {
+        let every = Duration::from_millis(cfg.sweep_interval_ms.max(100));
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let grace = Duration::from_millis(cfg.cancel_grace_ms);
+            if let Err(e) =
+                crate::lifecycle::cancel::sweep_once(&pool, &names, grace, LIMIT, &stats).await
+            {
+                tracing::warn!(error = %e, "cancel sweep failed; retrying next interval");
+            }
+            let grace = Duration::from_millis(cfg.compensation_grace_ms);
+            if let Err(e) =
+                crate::lifecycle::compensate::sweep_once(&pool, &store, grace, LIMIT, &stats).await
+            {
+                tracing::warn!(error = %e, "compensation sweep failed; retrying next interval");
+            }
+        }
+    });
 }

@@ -7,9 +7,10 @@
 use crate::config::Config;
 use secrecy::ExposeSecret;
 use serde::Serialize;
+pub use sqlx::PgPool;
+use sqlx::Row;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Row};
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;

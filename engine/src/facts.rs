@@ -76,3 +76,42 @@ pub async fn collect(
         redis_live_reservations: store.live_reservations(activity).await?,
     })
 }
+
+/// Where an activity's orders stand after creation (DESIGN.md §8).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LifecycleFacts {
+    pub paid: i64,
+    pub canceled: i64,
+    /// CREATED or PAYING: the pay window is open, or its cancel is due.
+    pub unpaid: i64,
+    pub compensations_settled: i64,
+    pub compensations_pending: i64,
+}
+
+impl LifecycleFacts {
+    /// Nothing left to cancel or to give back.
+    pub fn settled(&self) -> bool {
+        self.unpaid == 0 && self.compensations_pending == 0
+    }
+}
+
+pub async fn lifecycle(pool: &PgPool, activity: ActivityId) -> Result<LifecycleFacts, sqlx::Error> {
+    let (paid, canceled, unpaid, compensations_settled, compensations_pending) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'PAID'),
+                count(*) FILTER (WHERE status = 'CANCELED'),
+                count(*) FILTER (WHERE status IN ('CREATED', 'PAYING')),
+                (SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND status <> 'PENDING'),
+                (SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND status = 'PENDING')
+         FROM orders WHERE activity_id = $1",
+    )
+    .bind(activity)
+    .fetch_one(pool)
+    .await?;
+    Ok(LifecycleFacts {
+        paid,
+        canceled,
+        unpaid,
+        compensations_settled,
+        compensations_pending,
+    })
+}

@@ -5,9 +5,11 @@
 
 use crate::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::message::TraceContext;
+use crate::mq::Names;
+use crate::order::{self, PayOutcome};
 use crate::publish::{Publisher, order_message};
 use crate::reservation::{ReservationStore, ReserveOutcome, ReserveRequest};
-use crate::stats::{Percentiles, PublishStats};
+use crate::stats::{LifecycleStats, Percentiles, PublishStats};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -26,6 +28,8 @@ pub struct AppState {
     pub pool: PgPool,
     pub publisher: Publisher,
     pub stats: Arc<PublishStats>,
+    pub lifecycle: Arc<LifecycleStats>,
+    pub names: Names,
     /// Set once every component has started; cleared on shutdown.
     pub ready: Arc<AtomicBool>,
     /// Activity validity windows, read from PostgreSQL once per activity.
@@ -40,6 +44,8 @@ pub fn router(state: AppState) -> Router {
             post(reserve),
         )
         .route("/v1/reservations/{id}", get(reservation_status))
+        .route("/v1/orders/{id}", get(order_show))
+        .route("/v1/orders/{id}/pay", post(order_pay))
         .route("/v1/stats", get(stats))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -245,6 +251,85 @@ async fn reservation_status(State(state): State<AppState>, Path(id): Path<String
     }
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PayBody {
+    /// The payment provider's id; generated when absent.
+    payment_id: Option<String>,
+}
+
+/// The pay answer: which side won (seed §19.3), and the order as it stands.
+#[derive(Debug, Serialize)]
+pub struct PayView {
+    pub outcome: &'static str,
+    pub order: Option<order::OrderRow>,
+}
+
+async fn order_pay(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Option<Json<PayBody>>,
+) -> Response {
+    let id = match OrderId::parse(&id) {
+        Ok(id) => id,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
+    };
+    let payment_id = body
+        .and_then(|Json(b)| b.payment_id)
+        .unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));
+    if payment_id.is_empty() || payment_id.len() > 128 {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_PAYMENT_ID",
+            "payment_id must be 1 to 128 characters",
+        );
+    }
+    match order::pay(&state.pool, &state.names, &id, &payment_id).await {
+        Ok(out) => {
+            let status = match &out {
+                PayOutcome::Paid { .. } | PayOutcome::AlreadyPaid { .. } => StatusCode::OK,
+                PayOutcome::Canceled { .. } | PayOutcome::WindowClosed { .. } => {
+                    StatusCode::CONFLICT
+                }
+                PayOutcome::UnknownOrder => StatusCode::NOT_FOUND,
+            };
+            (
+                status,
+                Json(PayView {
+                    outcome: out.label(),
+                    order: out.order().cloned(),
+                }),
+            )
+                .into_response()
+        }
+        Err(e) => reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            e.to_string(),
+        ),
+    }
+}
+
+async fn order_show(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let id = match OrderId::parse(&id) {
+        Ok(id) => id,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
+    };
+    match order::get(&state.pool, &id).await {
+        Ok(Some(o)) => Json(o).into_response(),
+        Ok(None) => reject(
+            StatusCode::NOT_FOUND,
+            "UNKNOWN_ORDER",
+            format!("no order {id}"),
+        ),
+        Err(e) => reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            e.to_string(),
+        ),
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct StatsView {
     pub publish_confirmed: u64,
@@ -253,11 +338,56 @@ pub struct StatsView {
     pub publish_batches: u64,
     pub scanner_resent: u64,
     pub send_latency: Percentiles,
+    #[serde(default)]
+    pub lifecycle: LifecycleView,
+}
+
+/// After-order counters (DESIGN.md §8), cancel no-ops by reason.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct LifecycleView {
+    pub outbox_sent: u64,
+    pub outbox_unknown: u64,
+    pub outbox_failed: u64,
+    pub canceled: u64,
+    pub cancel_noop_already_paid: u64,
+    pub cancel_noop_already_canceled: u64,
+    pub cancel_noop_not_yet_due: u64,
+    pub cancel_noop_unknown_order: u64,
+    pub released: u64,
+    pub already_released: u64,
+    pub orphaned: u64,
+    pub projected: u64,
+    pub projection_stale: u64,
+    pub sweep_canceled: u64,
+    pub sweep_released: u64,
+}
+
+impl LifecycleView {
+    pub fn of(s: &LifecycleStats) -> Self {
+        Self {
+            outbox_sent: s.outbox_sent.get(),
+            outbox_unknown: s.outbox_unknown.get(),
+            outbox_failed: s.outbox_failed.get(),
+            canceled: s.canceled.get(),
+            cancel_noop_already_paid: s.cancel_noop_already_paid.get(),
+            cancel_noop_already_canceled: s.cancel_noop_already_canceled.get(),
+            cancel_noop_not_yet_due: s.cancel_noop_not_yet_due.get(),
+            cancel_noop_unknown_order: s.cancel_noop_unknown_order.get(),
+            released: s.released.get(),
+            already_released: s.already_released.get(),
+            orphaned: s.orphaned.get(),
+            projected: s.projected.get(),
+            projection_stale: s.projection_stale.get(),
+            sweep_canceled: s.sweep_canceled.get(),
+            sweep_released: s.sweep_released.get(),
+        }
+    }
 }
 
 impl StatsView {
-    pub fn of(s: &PublishStats) -> Self {
+    pub fn of(s: &PublishStats, l: &LifecycleStats) -> Self {
         Self {
+            lifecycle: LifecycleView::of(l),
             publish_confirmed: s.confirmed.get(),
             publish_unknown: s.unknown.get(),
             publish_definite_failure: s.definite_failure.get(),
@@ -269,7 +399,7 @@ impl StatsView {
 }
 
 async fn stats(State(state): State<AppState>) -> Json<StatsView> {
-    Json(StatsView::of(&state.stats))
+    Json(StatsView::of(&state.stats, &state.lifecycle))
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

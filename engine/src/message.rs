@@ -76,10 +76,10 @@ impl Malformed {
     }
 }
 
-/// Parses and validates an order-create body.
-pub fn parse_order_create(body: &[u8]) -> Result<OrderCreateRequested, Malformed> {
-    // Look at the version first, so a newer producer's body is reported as
-    // an unsupported schema rather than as a pile of unknown fields.
+/// Parses a versioned JSON body into `T`: the version is looked at first,
+/// so a newer producer's body is reported as an unsupported schema rather
+/// than as a pile of unknown fields.
+pub fn parse_versioned<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Malformed> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| Malformed::new(QuarantineReason::BadJson, e.to_string()))?;
     let obj = value
@@ -100,7 +100,7 @@ pub fn parse_order_create(body: &[u8]) -> Result<OrderCreateRequested, Malformed
         }
         Some(_) => {}
     }
-    let msg: OrderCreateRequested = serde_json::from_value(value).map_err(|e| {
+    serde_json::from_value(value).map_err(|e| {
         let text = e.to_string();
         let reason = if text.starts_with("missing field") {
             QuarantineReason::MissingField
@@ -108,16 +108,24 @@ pub fn parse_order_create(body: &[u8]) -> Result<OrderCreateRequested, Malformed
             QuarantineReason::InvalidField
         };
         Malformed::new(reason, text)
-    })?;
-    if msg.event_type != ORDER_CREATE_EVENT {
-        return Err(Malformed::new(
+    })
+}
+
+fn expect_event_type(got: &str, want: &[&str]) -> Result<(), Malformed> {
+    if want.contains(&got) {
+        Ok(())
+    } else {
+        Err(Malformed::new(
             QuarantineReason::InvalidField,
-            format!(
-                "event_type {:?} is not {ORDER_CREATE_EVENT}",
-                msg.event_type
-            ),
-        ));
+            format!("event_type {got:?} is not {}", want.join(" or ")),
+        ))
     }
+}
+
+/// Parses and validates an order-create body.
+pub fn parse_order_create(body: &[u8]) -> Result<OrderCreateRequested, Malformed> {
+    let msg: OrderCreateRequested = parse_versioned(body)?;
+    expect_event_type(&msg.event_type, &[ORDER_CREATE_EVENT])?;
     if msg.quantity != 1 {
         return Err(Malformed::new(
             QuarantineReason::InvalidField,
@@ -148,7 +156,7 @@ pub fn parse_order_create(body: &[u8]) -> Result<OrderCreateRequested, Malformed
 pub struct CancelOrderIfUnpaid {
     pub schema_version: u32,
     pub event_type: String,
-    pub message_id: String,
+    pub message_id: MessageId,
     pub message_key: OrderId,
     pub order_id: OrderId,
     pub reservation_id: ReservationId,
@@ -159,6 +167,44 @@ pub struct CancelOrderIfUnpaid {
     pub created_at: DateTime<Utc>,
     pub retry_count: i32,
     pub replay_count: i32,
+}
+
+/// Parses and validates a seed §19.1 cancel body.
+pub fn parse_cancel(body: &[u8]) -> Result<CancelOrderIfUnpaid, Malformed> {
+    let msg: CancelOrderIfUnpaid = parse_versioned(body)?;
+    expect_event_type(&msg.event_type, &[CANCEL_EVENT])?;
+    if msg.message_key != msg.order_id {
+        return Err(Malformed::new(
+            QuarantineReason::InvalidField,
+            "message_key differs from order_id",
+        ));
+    }
+    Ok(msg)
+}
+
+/// Parses and validates a `RELEASE_RESERVATION` body.
+pub fn parse_release(body: &[u8]) -> Result<crate::consume::events::ReleaseReservation, Malformed> {
+    use crate::consume::events::{RELEASE_RESERVATION_EVENT, ReleaseReservation};
+    let msg: ReleaseReservation = parse_versioned(body)?;
+    expect_event_type(&msg.event_type, &[RELEASE_RESERVATION_EVENT])?;
+    Ok(msg)
+}
+
+/// Parses and validates an order event body.
+pub fn parse_order_event(body: &[u8]) -> Result<crate::consume::events::OrderEvent, Malformed> {
+    use crate::consume::events::OrderEvent;
+    let msg: OrderEvent = parse_versioned(body)?;
+    expect_event_type(&msg.event_type, &[OrderEvent::event_type_for(msg.status)])?;
+    if msg.aggregate_version < 1 {
+        return Err(Malformed::new(
+            QuarantineReason::InvalidField,
+            format!(
+                "aggregate_version {} is not positive",
+                msg.aggregate_version
+            ),
+        ));
+    }
+    Ok(msg)
 }
 
 #[cfg(test)]

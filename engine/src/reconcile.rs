@@ -117,25 +117,62 @@ pub async fn run(
         "SELECT r.reservation_id FROM reservations r WHERE r.activity_id = $1
            AND r.outcome IN ('REJECTED_NO_STOCK', 'REJECTED_DUPLICATE', 'REJECTED_EXPIRED')
            AND NOT EXISTS (SELECT 1 FROM compensation_tasks c WHERE c.reservation_id = r.reservation_id)
+         UNION ALL
+         SELECT o.reservation_id FROM orders o WHERE o.activity_id = $1 AND o.status = 'CANCELED'
+           AND NOT EXISTS (SELECT 1 FROM compensation_tasks c
+                           WHERE c.reservation_id = o.reservation_id AND c.source = 'CANCELLATION')
+         UNION ALL
+         SELECT o.reservation_id FROM orders o WHERE o.activity_id = $1 AND o.status <> 'CANCELED'
+           AND EXISTS (SELECT 1 FROM compensation_tasks c WHERE c.reservation_id = o.reservation_id)
          LIMIT 10",
         activity,
     )
     .await?;
     checks.push(check(
-        "compensations per reservation = 1 for every rejection (<= 1 by key)",
-        "every rejected reservation has exactly one compensation task".into(),
+        "compensations per reservation = 1 where owed, 0 otherwise (<= 1 by key)",
+        "every rejection and every canceled order has one task; no valid order has one".into(),
         comp,
+    ));
+
+    let (settled, unsettled): (i64, Vec<String>) = {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND status <> 'PENDING'",
+        )
+        .bind(activity)
+        .fetch_one(pool)
+        .await?;
+        let pending = ids(
+            pool,
+            "SELECT reservation_id || ' (' || status || ', ' || source || ')' FROM compensation_tasks
+             WHERE activity_id = $1 AND status IN ('PENDING', 'ORPHANED')
+             ORDER BY created_at LIMIT 10",
+            activity,
+        )
+        .await?;
+        (n, pending)
+    };
+    checks.push(check(
+        "compensations released in Redis (once quiet)",
+        format!(
+            "{settled} settled; PENDING ones are released by the compensation consumer or sweep"
+        ),
+        unsettled,
     ));
 
     let paid_canceled = ids(
         pool,
-        "SELECT order_id FROM orders WHERE activity_id = $1 AND status = 'CANCELED' AND paid_at IS NOT NULL LIMIT 10",
+        "SELECT o.order_id FROM orders o WHERE o.activity_id = $1
+           AND (o.status = 'CANCELED' AND o.paid_at IS NOT NULL
+                OR o.status = 'PAID' AND EXISTS (
+                    SELECT 1 FROM inventory_ledger l
+                    WHERE l.reservation_id = o.reservation_id AND l.reason = 'ORDER_CANCELED'))
+         LIMIT 10",
         activity,
     )
     .await?;
     checks.push(check(
         "paid orders canceled = 0",
-        String::new(),
+        "no canceled order was paid; no paid order gave its stock back".into(),
         paid_canceled,
     ));
 

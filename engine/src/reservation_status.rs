@@ -1,18 +1,39 @@
-//! What became of a reservation, for `GET /v1/reservations/{id}`:
-//! PostgreSQL's `reservations` row is the final truth (DESIGN.md §4); until
-//! it exists, a reservation that Redis still holds is QUEUED.
+//! What became of a reservation, for `GET /v1/reservations/{id}`: the
+//! query projection first (seed §18.3: ORDER_CREATED, PAID or CANCELED as
+//! the order events said), then PostgreSQL's `reservations` row, the final
+//! truth of the reservation (DESIGN.md §4); until either exists, a
+//! reservation that Redis still holds is QUEUED.
 
 use crate::ids::ReservationId;
 use crate::reservation::{MqStatus, ReservationStore};
-use crate::status::ReservationOutcome;
+use crate::status::{OrderStatus, ReservationOutcome};
 use sqlx::PgPool;
 
-/// `Some("ORDER_CREATED" | "REJECTED_<reason>" | "RELEASED" | "QUEUED" | "SEND_FAILED")`, or `None` if unknown.
+/// The status shown for a projected order.
+pub fn view_status(status: OrderStatus) -> &'static str {
+    match status {
+        OrderStatus::Created | OrderStatus::Paying => "ORDER_CREATED",
+        OrderStatus::Paid => "PAID",
+        OrderStatus::Canceled => "CANCELED",
+    }
+}
+
+/// `Some("ORDER_CREATED" | "PAID" | "CANCELED" | "REJECTED_<reason>" | "RELEASED" | "QUEUED" | "SEND_FAILED")`, or `None` if unknown.
 pub async fn lookup(
     pool: &PgPool,
     store: &ReservationStore,
     id: &ReservationId,
 ) -> Result<Option<String>, String> {
+    let activities = store.activities().await.map_err(|e| e.to_string())?;
+    for activity in &activities {
+        if let Some(v) = store
+            .order_view(*activity, id)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            return Ok(Some(view_status(v.status).to_owned()));
+        }
+    }
     let outcome: Option<ReservationOutcome> =
         sqlx::query_scalar("SELECT outcome FROM reservations WHERE reservation_id = $1")
             .bind(id)
@@ -22,7 +43,7 @@ pub async fn lookup(
     if let Some(o) = outcome {
         return Ok(Some(o.as_str().to_owned()));
     }
-    for activity in store.activities().await.map_err(|e| e.to_string())? {
+    for activity in activities {
         if let Some(r) = store.get(activity, id).await.map_err(|e| e.to_string())? {
             return Ok(Some(
                 match r.mq_status {

@@ -107,6 +107,39 @@ impl Default for PublishStats {
     }
 }
 
+/// The order lifecycle after creation (DESIGN.md §8): outbox sends, cancel
+/// no-ops by reason, releases and projection writes.
+#[derive(Debug, Default)]
+pub struct LifecycleStats {
+    pub outbox_sent: Counter,
+    pub outbox_unknown: Counter,
+    pub outbox_failed: Counter,
+    pub canceled: Counter,
+    pub cancel_noop_already_paid: Counter,
+    pub cancel_noop_already_canceled: Counter,
+    pub cancel_noop_not_yet_due: Counter,
+    pub cancel_noop_unknown_order: Counter,
+    pub released: Counter,
+    pub already_released: Counter,
+    pub orphaned: Counter,
+    pub projected: Counter,
+    pub projection_stale: Counter,
+    pub sweep_canceled: Counter,
+    pub sweep_released: Counter,
+}
+
+impl LifecycleStats {
+    pub fn cancel_noop(&self, reason: crate::order::CancelNoop) -> &Counter {
+        use crate::order::CancelNoop as N;
+        match reason {
+            N::AlreadyPaid => &self.cancel_noop_already_paid,
+            N::AlreadyCanceled => &self.cancel_noop_already_canceled,
+            N::NotYetDue => &self.cancel_noop_not_yet_due,
+            N::UnknownOrder => &self.cancel_noop_unknown_order,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,9 +113,11 @@ pg_enum!(
 );
 
 pg_enum!(
+    /// ORPHANED: the Redis reservation was gone (TTL) when the release ran.
     CompensationStatus = "compensation_status" {
         Pending => "PENDING",
         Released => "RELEASED",
+        Orphaned => "ORPHANED",
     }
 );
 

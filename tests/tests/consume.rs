@@ -13,7 +13,7 @@
 
 use anyhow::{Context, Result, ensure};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use seckill_engine::consume::events::{OrderCreated, ReleaseReservation};
+use seckill_engine::consume::events::{OrderEvent, ReleaseReservation};
 use seckill_engine::consume::{self, MessageOutcome, OrderConsumer, Parsed, RejectReason, sql};
 use seckill_engine::ids::{
     ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
@@ -704,7 +704,7 @@ async fn check_payloads(fx: &Fixture) -> Result<()> {
         );
         let cancel: CancelOrderIfUnpaid = serde_json::from_value(cancel_row.payload.clone())?;
         ensure!(
-            cancel.message_id == cancel_row.message_id
+            cancel.message_id.as_str() == cancel_row.message_id
                 && cancel.order_id == order_id
                 && cancel.reservation_id == rsv
         );
@@ -721,7 +721,7 @@ async fn check_payloads(fx: &Fixture) -> Result<()> {
             "{event_row:?}"
         );
         ensure!(event_row.deliver_at.is_none());
-        let event: OrderCreated = serde_json::from_value(event_row.payload.clone())?;
+        let event: OrderEvent = serde_json::from_value(event_row.payload.clone())?;
         ensure!(event.message_id.as_str() == event_row.message_id && event.order_id == order_id);
         ensure!(event.aggregate_version == 1 && event.event_type == "ORDER_CREATED");
     }

@@ -682,3 +682,124 @@ fn reconcile_passes_after_a_sale_and_names_the_counterexample_when_broken() {
         Ok(())
     });
 }
+
+/// Issue: cancel/compensation, the mixed run. Some orders are paid, the
+/// rest run out their pay window: the delayed cancel (not the sweep)
+/// cancels them, the compensation gives their Redis stock back, the
+/// projection shows PAID and CANCELED, and both conservation invariants
+/// hold at the end.
+#[test]
+fn a_mixed_run_pays_some_cancels_the_rest_and_both_books_balance() {
+    run(Setup::Full, |env| async move {
+        const STOCK: i64 = 12;
+        const PAY_WITHIN_MS: i64 = 8_000;
+        activity::create(
+            &env.pool,
+            &store(&env),
+            &NewActivity {
+                activity: ACTIVITY,
+                sku: SKU,
+                stock: STOCK,
+                valid_for_ms: 300_000,
+                pay_within_ms: PAY_WITHIN_MS,
+                force: false,
+            },
+        )
+        .await?;
+        let engine = Engine::start(&env, engine_cfg(&env, 32)).await?;
+        let a = ACTIVITY.0.to_string();
+        let mut queued = Vec::new();
+        for user in 1..=15 {
+            let (code, body) = post(
+                engine.addr,
+                &a,
+                serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}),
+            )
+            .await?;
+            if code == 202 {
+                queued.push((
+                    body["reservation_id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    body["order_id"].as_str().unwrap_or_default().to_owned(),
+                ));
+            }
+        }
+        assert_eq!(queued.len() as i64, STOCK);
+        eventually(Duration::from_secs(60), "every order created", || async {
+            Ok((count(&env, "SELECT count(*) FROM orders").await? == STOCK).then_some(()))
+        })
+        .await?;
+
+        let http = reqwest::Client::new();
+        let (to_pay, to_lapse) = queued.split_at(queued.len() / 2);
+        for (_, order) in to_pay {
+            let r = http
+                .post(format!("http://{}/v1/orders/{order}/pay", engine.addr))
+                .json(&serde_json::json!({"payment_id": format!("pay-{order}")}))
+                .send()
+                .await?;
+            assert_eq!(r.status().as_u16(), 200);
+            let body: serde_json::Value = r.json().await?;
+            assert_eq!(body["outcome"], "PAID", "{body}");
+        }
+        let lapsed = to_lapse.len() as i64;
+        eventually(
+            Duration::from_secs(90),
+            "unpaid orders canceled and their stock released in Redis",
+            || async {
+                let canceled = count(
+                    &env,
+                    "SELECT count(*) FROM orders WHERE status = 'CANCELED'",
+                )
+                .await?;
+                let released = count(
+                    &env,
+                    "SELECT count(*) FROM compensation_tasks WHERE status = 'RELEASED'",
+                )
+                .await?;
+                Ok((canceled == lapsed && released == lapsed).then_some(()))
+            },
+        )
+        .await?;
+        let status = |rsv: String| {
+            let url = format!("http://{}/v1/reservations/{rsv}", engine.addr);
+            async move {
+                let body: serde_json::Value = reqwest::get(&url).await?.json().await?;
+                Ok::<_, anyhow::Error>(body["status"].as_str().unwrap_or_default().to_owned())
+            }
+        };
+        eventually(
+            Duration::from_secs(30),
+            "the projection shows PAID and CANCELED",
+            || async {
+                let paid = status(to_pay[0].0.clone()).await?;
+                let canceled = status(to_lapse[0].0.clone()).await?;
+                Ok((paid == "PAID" && canceled == "CANCELED").then_some(()))
+            },
+        )
+        .await?;
+        let stats: serde_json::Value = reqwest::get(format!("http://{}/v1/stats", engine.addr))
+            .await?
+            .json()
+            .await?;
+        assert_eq!(stats["lifecycle"]["canceled"], lapsed, "{stats}");
+        assert_eq!(
+            stats["lifecycle"]["sweep_canceled"], 0,
+            "the messages did it: {stats}"
+        );
+        engine.stop().await?;
+
+        let s = store(&env);
+        assert_eq!(s.stock(ACTIVITY, SKU).await?, Some(lapsed));
+        assert_eq!(s.live_reservations(ACTIVITY).await? as i64, STOCK - lapsed);
+        assert_eq!(
+            count(&env, "SELECT available_stock FROM inventory").await?,
+            lapsed
+        );
+        let report = seckill_engine::reconcile::run(&env.pool, &s, ACTIVITY).await?;
+        assert!(report.passed(), "{report:#?}");
+        Ok(())
+    });
+}

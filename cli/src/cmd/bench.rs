@@ -53,6 +53,15 @@ pub struct FlashSaleArgs {
     /// Requests in flight at most
     #[arg(long, default_value_t = 512)]
     concurrency: usize,
+    /// How long an order may stay unpaid; a short one lets the demo watch
+    /// unpaid orders cancel and give their stock back
+    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "15m")]
+    pay_within: Duration,
+    /// Share of created orders to pay (0..1). When given, the bench then
+    /// waits until every unpaid order is canceled and every compensation
+    /// is released in Redis
+    #[arg(long)]
+    pay_share: Option<f64>,
     /// Give up waiting for the pipeline to go quiet after this long
     #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "180s")]
     quiet_timeout: Duration,
@@ -87,6 +96,23 @@ struct Summary {
     peak_lag_seconds: f64,
     quiet: bool,
     quiet_after_seconds: f64,
+    /// Present when `--pay-share` was given.
+    lifecycle: Option<LifecycleSummary>,
+}
+
+/// Payment and cancellation after the orders (DESIGN.md §8).
+#[derive(Debug, Default, Serialize)]
+struct LifecycleSummary {
+    pay_attempted: u64,
+    /// Pay answers by outcome (PAID, CANCELED, WINDOW_CLOSED, ...).
+    pay_outcomes: BTreeMap<String, u64>,
+    orders_paid: i64,
+    orders_canceled: i64,
+    orders_unpaid: i64,
+    compensations_released: i64,
+    compensations_pending: i64,
+    settled: bool,
+    settled_after_seconds: f64,
 }
 
 impl Tabular for Summary {
@@ -151,6 +177,32 @@ impl Tabular for Summary {
             "quarantined (all activities)",
             self.pipeline.quarantined.to_string(),
         );
+        if let Some(l) = &self.lifecycle {
+            let outcomes: Vec<String> = l
+                .pay_outcomes
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            row(
+                "pay attempts",
+                format!("{} ({})", l.pay_attempted, outcomes.join(", ")),
+            );
+            row(
+                "orders paid / canceled / still unpaid",
+                format!(
+                    "{} / {} / {}",
+                    l.orders_paid, l.orders_canceled, l.orders_unpaid
+                ),
+            );
+            row(
+                "compensations released / pending",
+                format!("{} / {}", l.compensations_released, l.compensations_pending),
+            );
+            row(
+                "lifecycle settled",
+                format!("{} after {:.1} s", l.settled, l.settled_after_seconds),
+            );
+        }
         row(
             "quiet",
             format!(
@@ -205,8 +257,14 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
     if args.rate == 0 || args.users == 0 || args.concurrency == 0 {
         bail!("--rate, --users and --concurrency must be positive");
     }
-    if !(0.0..=1.0).contains(&args.dup_requests) || !(0.0..=1.0).contains(&args.repeat_users) {
-        bail!("--dup-requests and --repeat-users are shares between 0 and 1");
+    if !(0.0..=1.0).contains(&args.dup_requests)
+        || !(0.0..=1.0).contains(&args.repeat_users)
+        || !(0.0..=1.0).contains(&args.pay_share.unwrap_or(0.0))
+    {
+        bail!("--dup-requests, --repeat-users and --pay-share are shares between 0 and 1");
+    }
+    if args.pay_within.is_zero() {
+        bail!("--pay-within must be positive");
     }
     let pool = db::connect(cfg).await?;
     let store = ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
@@ -233,7 +291,7 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
             sku: args.sku,
             stock: args.stock,
             valid_for_ms: 300_000,
-            pay_within_ms: 900_000,
+            pay_within_ms: args.pay_within.as_millis() as i64,
             // A bench run needs a fresh activity: earlier results would be counted.
             force: false,
         },
@@ -359,6 +417,10 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
     let quiet_after = quiet_started.elapsed().as_secs_f64();
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let _ = sampler.await;
+    let lifecycle = match args.pay_share {
+        Some(share) => Some(pay_and_settle(&args, &pool, &http, share).await?),
+        None => None,
+    };
     let stats: StatsView = http
         .get(format!("{}/v1/stats", args.engine))
         .send()
@@ -384,6 +446,85 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
         peak_lag_seconds,
         quiet,
         quiet_after_seconds: quiet_after,
+        lifecycle,
     };
     render(&mut std::io::stdout().lock(), args.output, &summary)
+}
+
+/// Pays `share` of the activity's created orders through the engine's pay
+/// endpoint, then waits until no order is left unpaid (the delayed cancels
+/// ran) and every compensation is settled in Redis.
+async fn pay_and_settle(
+    args: &FlashSaleArgs,
+    pool: &db::PgPool,
+    http: &reqwest::Client,
+    share: f64,
+) -> Result<LifecycleSummary> {
+    let mut orders = seckill_engine::order::unpaid_ids(pool, args.activity).await?;
+    orders.shuffle(&mut rand::rng());
+    orders.truncate((orders.len() as f64 * share).round() as usize);
+    eprintln!("[bench] paying {} orders", orders.len());
+    let mut summary = LifecycleSummary {
+        pay_attempted: orders.len() as u64,
+        ..LifecycleSummary::default()
+    };
+    let sem = Arc::new(Semaphore::new(args.concurrency.min(64)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in orders {
+        let (http, sem) = (http.clone(), sem.clone());
+        let url = format!("{}/v1/orders/{id}/pay", args.engine);
+        tasks.spawn(async move {
+            let _permit = sem.acquire_owned().await;
+            match http.post(&url).json(&serde_json::json!({})).send().await {
+                Ok(r) => {
+                    let code = r.status();
+                    let body: serde_json::Value = r.json().await.unwrap_or_default();
+                    body["outcome"]
+                        .as_str()
+                        .or(body["error"].as_str())
+                        .map_or_else(|| code.to_string(), str::to_owned)
+                }
+                Err(e) => format!("ERROR: {e}"),
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let outcome = done.unwrap_or_else(|e| format!("ERROR: {e}"));
+        *summary.pay_outcomes.entry(outcome).or_default() += 1;
+    }
+
+    eprintln!(
+        "[bench] waiting for unpaid orders to cancel (pay window {} s) and compensations to settle",
+        args.pay_within.as_secs()
+    );
+    let started = Instant::now();
+    let limit = args.pay_within + args.quiet_timeout;
+    let mut last_progress = Instant::now();
+    loop {
+        let f = facts::lifecycle(pool, args.activity).await?;
+        let (paid, canceled, unpaid, released, pending) = (
+            f.paid,
+            f.canceled,
+            f.unpaid,
+            f.compensations_settled,
+            f.compensations_pending,
+        );
+        summary.orders_paid = paid;
+        summary.orders_canceled = canceled;
+        summary.orders_unpaid = unpaid;
+        summary.compensations_released = released;
+        summary.compensations_pending = pending;
+        summary.settled = unpaid == 0 && pending == 0;
+        summary.settled_after_seconds = started.elapsed().as_secs_f64();
+        if summary.settled || started.elapsed() > limit {
+            return Ok(summary);
+        }
+        if last_progress.elapsed() >= Duration::from_secs(2) {
+            last_progress = Instant::now();
+            eprintln!(
+                "[bench] paid {paid}, canceled {canceled}, unpaid {unpaid}, compensations pending {pending}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

@@ -5,4 +5,5 @@ pub mod db;
 pub mod engine;
 pub mod health;
 pub mod mq;
+pub mod order;
 pub mod reconcile;

@@ -26,7 +26,7 @@ pub use decide::{
     verdict,
 };
 
-use crate::ids::{ActivityId, MessageId, OrderId, SkuId};
+use crate::ids::{ActivityId, OrderId, SkuId};
 use crate::message::{Malformed, OrderCreateRequested, parse_order_create};
 use crate::mq::{ConsumeVerdict, Handler, IncomingMessage, Names, PROP_REPLAY_ID, TopicKind};
 use crate::status::{FailureClass, ReservationOutcome};
@@ -144,61 +144,88 @@ impl OrderConsumer {
         tx::process(&self.pool, &self.group, &self.names, msgs).await
     }
 
-    /// Writes the batch's bad messages to `message_quarantine`, in one
-    /// statement.
-    async fn quarantine(&self, bad: &[(&IncomingMessage, Malformed)]) -> Result<(), sqlx::Error> {
-        let props: Vec<serde_json::Value> = bad
-            .iter()
-            .map(|(m, _)| serde_json::to_value(&m.properties).unwrap_or_default())
-            .collect();
-        sqlx::query(sql::QUARANTINE)
-            .bind(&self.group)
-            .bind(
-                bad.iter()
-                    .map(|(m, _)| m.topic.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(bad.iter().map(|(m, _)| m.message_id()).collect::<Vec<_>>())
-            .bind(
-                bad.iter()
-                    .map(|(m, _)| m.broker_msg_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(bad.iter().map(|(_, e)| e.reason).collect::<Vec<_>>())
-            .bind(
-                bad.iter()
-                    .map(|(_, e)| e.detail.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(bad.iter().map(|(m, _)| m.body.clone()).collect::<Vec<_>>())
-            .bind(props)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
     /// Best effort: the failure is already on its way back to the broker.
     async fn record_failures(&self, msgs: &[Parsed], class: FailureClass, detail: &str) {
-        let result = sqlx::query(sql::RECORD_FAILURES)
-            .bind(&self.group)
-            .bind(
-                msgs.iter()
-                    .map(|p| p.msg.message_id.clone())
-                    .collect::<Vec<MessageId>>(),
-            )
-            .bind(msgs.iter().map(|p| p.delivery_attempt).collect::<Vec<_>>())
-            .bind(class)
-            .bind(detail)
-            .execute(&self.pool)
-            .await;
-        if let Err(e) = result {
-            tracing::warn!(
-                group = %self.group,
-                messages = msgs.len(),
-                error = %e,
-                "could not record consumer failures; the retry goes ahead"
-            );
-        }
+        let failed: Vec<(String, i32)> = msgs
+            .iter()
+            .map(|p| (p.msg.message_id.to_string(), p.delivery_attempt))
+            .collect();
+        record_failures(&self.pool, &self.group, &failed, class, detail).await;
+    }
+}
+
+/// Writes a batch's bad messages to `message_quarantine`, in one statement.
+/// Every consumer quarantines through here.
+pub async fn quarantine(
+    pool: &PgPool,
+    group: &str,
+    bad: &[(&IncomingMessage, Malformed)],
+) -> Result<(), sqlx::Error> {
+    for (m, e) in bad {
+        tracing::warn!(
+            group,
+            broker_msg_id = %m.broker_msg_id,
+            message_id = m.message_id().unwrap_or("-"),
+            reason = %e.reason,
+            detail = %e.detail,
+            "quarantining a malformed message"
+        );
+    }
+    let props: Vec<serde_json::Value> = bad
+        .iter()
+        .map(|(m, _)| serde_json::to_value(&m.properties).unwrap_or_default())
+        .collect();
+    sqlx::query(sql::QUARANTINE)
+        .bind(group)
+        .bind(
+            bad.iter()
+                .map(|(m, _)| m.topic.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(bad.iter().map(|(m, _)| m.message_id()).collect::<Vec<_>>())
+        .bind(
+            bad.iter()
+                .map(|(m, _)| m.broker_msg_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(bad.iter().map(|(_, e)| e.reason).collect::<Vec<_>>())
+        .bind(
+            bad.iter()
+                .map(|(_, e)| e.detail.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(bad.iter().map(|(m, _)| m.body.clone()).collect::<Vec<_>>())
+        .bind(props)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Records the failure behind a retry, one row per (message_id, delivery
+/// attempt), for the DLQ governor's error class (DESIGN.md §9.1). Best
+/// effort: the retry goes ahead either way.
+pub async fn record_failures(
+    pool: &PgPool,
+    group: &str,
+    failed: &[(String, i32)],
+    class: FailureClass,
+    detail: &str,
+) {
+    let result = sqlx::query(sql::RECORD_FAILURES)
+        .bind(group)
+        .bind(failed.iter().map(|f| f.0.as_str()).collect::<Vec<_>>())
+        .bind(failed.iter().map(|f| f.1).collect::<Vec<_>>())
+        .bind(class)
+        .bind(detail)
+        .execute(pool)
+        .await;
+    if let Err(e) = result {
+        tracing::warn!(
+            group,
+            messages = failed.len(),
+            error = %e,
+            "could not record consumer failures; the retry goes ahead"
+        );
     }
 }
 
@@ -272,17 +299,7 @@ impl Handler for OrderConsumer {
             return ConsumeVerdict::Retry;
         }
         if !bad.is_empty() {
-            for (m, e) in &bad {
-                tracing::warn!(
-                    group = %self.group,
-                    broker_msg_id = %m.broker_msg_id,
-                    message_id = m.message_id().unwrap_or("-"),
-                    reason = %e.reason,
-                    detail = %e.detail,
-                    "quarantining a malformed message"
-                );
-            }
-            match self.quarantine(&bad).await {
+            match quarantine(&self.pool, &self.group, &bad).await {
                 Ok(()) => decisions.extend(bad.into_iter().map(|(_, e)| Decision::Quarantine(e))),
                 Err(e) => {
                     tracing::warn!(

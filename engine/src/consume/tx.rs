@@ -6,7 +6,7 @@
 //! run only in the batch that gets fewer units than it placed orders.
 
 use super::events::{
-    ORDER_CREATED_EVENT, OrderCreated, RELEASE_RESERVATION_EVENT, ReleaseReservation,
+    ORDER_CREATED_EVENT, OrderEvent, RELEASE_RESERVATION_EVENT, ReleaseReservation,
     TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION,
 };
 use super::plan::{self, Allocation, Fresh, Screened};
@@ -417,7 +417,7 @@ impl Finish {
                 json(&CancelOrderIfUnpaid {
                     schema_version: SCHEMA_VERSION,
                     event_type: CANCEL_EVENT.to_owned(),
-                    message_id: cancel_id.to_string(),
+                    message_id: cancel_id.clone(),
                     message_key: m.order_id.clone(),
                     order_id: m.order_id.clone(),
                     reservation_id: m.reservation_id.clone(),
@@ -437,7 +437,7 @@ impl Finish {
                 names.topic(TopicKind::OrderEvent),
                 TAG_ORDER_CREATED,
                 m.order_id.clone(),
-                json(&OrderCreated {
+                json(&OrderEvent {
                     schema_version: SCHEMA_VERSION,
                     event_type: ORDER_CREATED_EVENT.to_owned(),
                     message_id: event_id,

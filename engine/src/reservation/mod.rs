@@ -245,6 +245,15 @@ pub enum ReleaseOutcome {
     Unknown,
 }
 
+/// The projected order status of a reservation, as the query side sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OrderView {
+    pub order_id: OrderId,
+    pub status: crate::status::OrderStatus,
+    pub aggregate_version: i64,
+    pub occurred_at_ms: i64,
+}
+
 /// The key names of one activity (DESIGN.md §4). The `{activity}` hash tag
 /// puts them all in one Cluster slot, which every multi-key script needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,6 +282,11 @@ impl Keys {
 
     pub fn rsv(&self, id: &ReservationId) -> String {
         format!("{}{id}", self.rsv_prefix())
+    }
+
+    /// The query projection of the reservation's order (seed §18.3).
+    pub fn view(&self, id: &ReservationId) -> String {
+        format!("{}:view:{id}", self.base)
     }
 
     fn rsv_prefix(&self) -> String {

@@ -1,10 +1,11 @@
 //! [`ReservationStore`]: the Redis side of DESIGN.md §4, one method per step.
 
 use super::{
-    Keys, MqStatus, ReleaseOutcome, Reservation, ReservationError, ReserveOutcome, ReserveRequest,
-    SeedOutcome, activities_key, corrupt, physical_ttl_ms,
+    Keys, MqStatus, OrderView, ReleaseOutcome, Reservation, ReservationError, ReserveOutcome,
+    ReserveRequest, SeedOutcome, activities_key, corrupt, physical_ttl_ms,
 };
-use crate::ids::{ActivityId, MessageId, ReservationId, SkuId};
+use crate::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId};
+use crate::status::OrderStatus;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use std::collections::HashMap;
@@ -22,6 +23,11 @@ static RESCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!(
 static MARK_SEND_FAILED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("mark_send_failed.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+static PROJECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("project.lua")));
+
+/// How long a projected order view lives: long past any pay window; it
+/// only bounds memory.
+const VIEW_TTL_MS: i64 = 7 * 24 * 60 * 60 * 1000;
 
 /// Reservations of every activity under one key prefix. Cheap to clone: a
 /// multiplexed connection and a shared prefix.
@@ -349,6 +355,61 @@ impl ReservationStore {
             "UNKNOWN" => Ok(ReleaseOutcome::Unknown),
             _ => Err(corrupt(&rsv_key, format!("release replied {reply:?}"))),
         }
+    }
+
+    /// Writes an order event into the query view, unless the view already
+    /// holds this `aggregate_version` or a newer one (seed §18.3). True when
+    /// it was written.
+    pub async fn project_order(
+        &self,
+        activity: ActivityId,
+        reservation_id: &ReservationId,
+        order_id: &OrderId,
+        status: OrderStatus,
+        aggregate_version: i64,
+        occurred_at_ms: i64,
+    ) -> Result<bool> {
+        let applied: i64 = PROJECT
+            .key(self.keys(activity).view(reservation_id))
+            .arg(aggregate_version)
+            .arg(status.as_str())
+            .arg(order_id.as_str())
+            .arg(occurred_at_ms)
+            .arg(VIEW_TTL_MS)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(applied == 1)
+    }
+
+    /// The projected order status of a reservation, if any event arrived.
+    pub async fn order_view(
+        &self,
+        activity: ActivityId,
+        reservation_id: &ReservationId,
+    ) -> Result<Option<OrderView>> {
+        let key = self.keys(activity).view(reservation_id);
+        let h: HashMap<String, String> = self.conn().hgetall(&key).await?;
+        if h.is_empty() {
+            return Ok(None);
+        }
+        let field = |name: &str| {
+            h.get(name)
+                .ok_or_else(|| corrupt(&key, format!("field {name} is missing")))
+        };
+        let bad =
+            |name: &str, e: &dyn std::fmt::Display| corrupt(&key, format!("field {name}: {e}"));
+        Ok(Some(OrderView {
+            order_id: field("order_id")?
+                .parse()
+                .map_err(|e| bad("order_id", &e))?,
+            status: field("status")?.parse().map_err(|e| bad("status", &e))?,
+            aggregate_version: field("aggregate_version")?
+                .parse()
+                .map_err(|e| bad("aggregate_version", &e))?,
+            occurred_at_ms: field("occurred_at")?
+                .parse()
+                .map_err(|e| bad("occurred_at", &e))?,
+        }))
     }
 
     /// Reservations waiting for the scanner, leased ones included.

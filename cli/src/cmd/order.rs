@@ -1,0 +1,196 @@
+//! `seckillctl order pay|cancel|show`: the payment and cancel levers of
+//! DESIGN.md §8, straight against PostgreSQL (the same conditional updates
+//! the daemon runs), so a race can be reproduced and an order settled by
+//! hand. The events and the Redis release they queue are published by a
+//! running engine's outbox publisher.
+
+use crate::exit::{Exit, UsageError};
+use crate::output::{OutputFormat, Tabular, new_table, render};
+use anyhow::Result;
+use seckill_engine::config::Config;
+use seckill_engine::db;
+use seckill_engine::ids::OrderId;
+use seckill_engine::mq::Names;
+use seckill_engine::order::{self, CancelMode, CancelOutcome, OrderRow, PayOutcome};
+use serde::Serialize;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum OrderCmd {
+    /// Pay an unpaid order whose pay window is open; says who won if not
+    Pay {
+        #[arg(long)]
+        order_id: OrderId,
+        /// The payment provider's id [default: a generated one]
+        #[arg(long)]
+        payment_id: Option<String>,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Cancel an unpaid order now, giving its stock back (an operator's call)
+    Cancel {
+        #[arg(long)]
+        order_id: OrderId,
+        /// Why, recorded as the order's cancel_reason
+        #[arg(long)]
+        reason: String,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Show one order
+    Show {
+        #[arg(long)]
+        order_id: OrderId,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+/// The answer of a pay, cancel or show.
+#[derive(Debug, Serialize)]
+pub struct OrderAnswer {
+    /// PAID, ALREADY_PAID, CANCELED, WINDOW_CLOSED, NOOP_<reason>, FOUND or UNKNOWN_ORDER.
+    pub outcome: String,
+    pub order: Option<OrderRow>,
+    #[serde(skip)]
+    hint: Option<&'static str>,
+}
+
+impl Tabular for OrderAnswer {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["FIELD", "VALUE"]);
+        t.add_row(["outcome".to_owned(), self.outcome.clone()]);
+        if let Some(o) = &self.order {
+            let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+            let ts = |v: Option<chrono::DateTime<chrono::Utc>>| {
+                v.map_or_else(|| "-".into(), |t| t.to_rfc3339())
+            };
+            for (k, v) in [
+                ("order_id", o.order_id.to_string()),
+                ("reservation_id", o.reservation_id.to_string()),
+                (
+                    "activity / sku / user",
+                    format!("{} / {} / {}", o.activity_id, o.sku_id, o.user_id),
+                ),
+                ("status", o.status.to_string()),
+                ("expires_at", o.expires_at.to_rfc3339()),
+                ("payment_id", opt(&o.payment_id)),
+                ("paid_at", ts(o.paid_at)),
+                ("canceled_at", ts(o.canceled_at)),
+                ("cancel_reason", opt(&o.cancel_reason)),
+                ("aggregate_version", o.aggregate_version.to_string()),
+            ] {
+                t.add_row([k.to_owned(), v]);
+            }
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        self.hint.map(str::to_owned).into_iter().collect()
+    }
+}
+
+pub async fn run(cmd: OrderCmd, cfg: &Config) -> Result<Exit> {
+    let pool = db::connect(cfg).await?;
+    let names = Names::new(cfg.topic_prefix.clone());
+    let (answer, exit, output) = match cmd {
+        OrderCmd::Pay {
+            order_id,
+            payment_id,
+            output,
+        } => {
+            let payment_id = payment_id.unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));
+            if payment_id.is_empty() || payment_id.len() > 128 {
+                return Err(UsageError("--payment-id must be 1 to 128 characters".into()).into());
+            }
+            let out = order::pay(&pool, &names, &order_id, &payment_id).await?;
+            let (exit, hint) = match &out {
+                PayOutcome::Paid { .. } => (
+                    Exit::Ok,
+                    Some("payment won; ORDER_PAID queued in the outbox"),
+                ),
+                PayOutcome::AlreadyPaid { .. } => (
+                    Exit::Ok,
+                    Some("already paid earlier; nothing changed (see payment_id)"),
+                ),
+                PayOutcome::Canceled { .. } => (
+                    Exit::Warn,
+                    Some(
+                        "the cancel won: the order is canceled and its stock went back; refund the payment",
+                    ),
+                ),
+                PayOutcome::WindowClosed { .. } => (
+                    Exit::Warn,
+                    Some("the pay window closed; the delayed cancel will cancel this order"),
+                ),
+                PayOutcome::UnknownOrder => {
+                    return Err(UsageError(format!(
+                        "no order {order_id}; check the id (`seckillctl order show`)"
+                    ))
+                    .into());
+                }
+            };
+            (
+                OrderAnswer {
+                    outcome: out.label().to_owned(),
+                    order: out.order().cloned(),
+                    hint,
+                },
+                exit,
+                output,
+            )
+        }
+        OrderCmd::Cancel {
+            order_id,
+            reason,
+            output,
+        } => {
+            let reason = reason.trim();
+            if reason.is_empty() {
+                return Err(UsageError("--reason must not be empty".into()).into());
+            }
+            let reason = format!("OPERATOR: {reason}");
+            match order::cancel(&pool, &names, &order_id, CancelMode::Now, &reason).await? {
+                CancelOutcome::Canceled { order } => (
+                    OrderAnswer {
+                        outcome: "CANCELED".into(),
+                        order: Some(*order),
+                        hint: Some(
+                            "canceled; stock returned in PostgreSQL, Redis release queued in the outbox",
+                        ),
+                    },
+                    Exit::Ok,
+                    output,
+                ),
+                CancelOutcome::NoOp { reason, order } => {
+                    if order.is_none() {
+                        return Err(UsageError(format!("no order {order_id}; check the id")).into());
+                    }
+                    (
+                        OrderAnswer {
+                            outcome: format!("NOOP_{}", reason.as_str()),
+                            order: order.map(|o| *o),
+                            hint: Some("nothing changed: only an unpaid order can be canceled"),
+                        },
+                        Exit::Warn,
+                        output,
+                    )
+                }
+            }
+        }
+        OrderCmd::Show { order_id, output } => match order::get(&pool, &order_id).await? {
+            Some(o) => (
+                OrderAnswer {
+                    outcome: "FOUND".into(),
+                    order: Some(o),
+                    hint: None,
+                },
+                Exit::Ok,
+                output,
+            ),
+            None => return Err(UsageError(format!("no order {order_id}; check the id")).into()),
+        },
+    };
+    render(&mut std::io::stdout().lock(), output, &answer)?;
+    Ok(exit)
+}
