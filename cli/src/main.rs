@@ -58,7 +58,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 64 like every other bad input (exit.rs), not clap's 2.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() {
+                Exit::Usage.code()
+            } else {
+                Exit::Ok.code()
+            });
+        }
+    };
     init_tracing(&cli.log);
     let code = match run(cli) {
         Ok(code) => code,

@@ -71,3 +71,23 @@ fn health_reports_a_dead_nameserver_quickly_with_exit_3() {
     assert_eq!(ns["state"], "DOWN");
     assert!(ns["detail"].as_str().is_some_and(|d| !d.is_empty()));
 }
+
+#[test]
+fn a_malformed_order_id_exits_64_and_names_the_format() {
+    let (out, _) = seckillctl(&["order", "pay", "--order-id", "12345"]);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ord_<ULID>"), "{err}");
+}
+
+#[test]
+fn an_operator_cancel_needs_a_reason() {
+    let (out, _) = seckillctl(&[
+        "order",
+        "cancel",
+        "--order-id",
+        "ord_01KBCDW5G2ZJ3T4X8E5N3Y7Q1M",
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--reason"));
+}

@@ -77,6 +77,12 @@ pub struct ActivityView {
 
 /// Seeds PostgreSQL first (in one transaction), then Redis. If Redis fails
 /// after the commit, running the command again with `--force` repairs it.
+/// The longest `--valid-for` or `--pay-within`. The Redis reservation's
+/// physical TTL outlives both ([`crate::reservation::physical_ttl_ms`]), so
+/// a cancel at the end of the longest pay window still finds the hash its
+/// release must flip exactly once.
+pub const MAX_WINDOW_MS: i64 = 7 * 24 * 3600 * 1000;
+
 pub async fn create(
     pool: &PgPool,
     store: &ReservationStore,
@@ -85,7 +91,6 @@ pub async fn create(
     if !(0..=10_000_000).contains(&a.stock) {
         return Err(ActivityError::BadStock(a.stock));
     }
-    const MAX_WINDOW_MS: i64 = 7 * 24 * 3600 * 1000;
     for (what, ms) in [
         ("--valid-for", a.valid_for_ms),
         ("--pay-within", a.pay_within_ms),

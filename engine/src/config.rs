@@ -58,7 +58,10 @@ pub struct LifecycleConfig {
     /// How often the sweeps look for overdue work.
     pub sweep_interval_ms: u64,
     /// How far past `expires_at` an unpaid order must be before the sweep
-    /// cancels it itself: the delayed message normally does it first.
+    /// cancels it itself. The delayed message normally does it first, but
+    /// the rocketmq-rust 1.0.0 broker delivers timer messages at only about
+    /// 64 per second here, so after a large sale most cancels come late and
+    /// this sweep is what keeps the pay window honest.
     pub cancel_grace_ms: u64,
     /// How old a PENDING compensation task must be before the sweep
     /// releases it itself (a lost release message or a crash mid-way).
@@ -230,8 +233,8 @@ impl Default for LifecycleConfig {
     fn default() -> Self {
         Self {
             consumer_threads: 2,
-            sweep_interval_ms: 5_000,
-            cancel_grace_ms: 30_000,
+            sweep_interval_ms: 2_000,
+            cancel_grace_ms: 10_000,
             compensation_grace_ms: 60_000,
         }
     }

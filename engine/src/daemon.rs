@@ -240,17 +240,34 @@ fn spawn_sweeps(
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(every) => {}
             }
+            // Drain while passes come back full: after a large sale the
+            // broker's timer may deliver the cancels far too slowly (see
+            // LifecycleConfig::cancel_grace_ms), and then this is the path.
             let grace = Duration::from_millis(cfg.cancel_grace_ms);
-            if let Err(e) =
-                crate::lifecycle::cancel::sweep_once(&pool, &names, grace, LIMIT, &stats).await
-            {
-                tracing::warn!(error = %e, "cancel sweep failed; retrying next interval");
+            loop {
+                match crate::lifecycle::cancel::sweep_once(&pool, &names, grace, LIMIT, &stats)
+                    .await
+                {
+                    Ok(n) if n as i64 >= LIMIT && !cancel.is_cancelled() => continue,
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cancel sweep failed; retrying next interval");
+                        break;
+                    }
+                }
             }
             let grace = Duration::from_millis(cfg.compensation_grace_ms);
-            if let Err(e) =
-                crate::lifecycle::compensate::sweep_once(&pool, &store, grace, LIMIT, &stats).await
-            {
-                tracing::warn!(error = %e, "compensation sweep failed; retrying next interval");
+            loop {
+                match crate::lifecycle::compensate::sweep_once(&pool, &store, grace, LIMIT, &stats)
+                    .await
+                {
+                    Ok(n) if n as i64 >= LIMIT && !cancel.is_cancelled() => continue,
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "compensation sweep failed; retrying next interval");
+                        break;
+                    }
+                }
             }
         }
     });

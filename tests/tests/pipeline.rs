@@ -684,8 +684,9 @@ fn reconcile_passes_after_a_sale_and_names_the_counterexample_when_broken() {
 }
 
 /// Issue: cancel/compensation, the mixed run. Some orders are paid, the
-/// rest run out their pay window: the delayed cancel (not the sweep)
-/// cancels them, the compensation gives their Redis stock back, the
+/// rest run out their pay window: the delayed cancel or, should the
+/// broker's timer lag (it follows any earlier timer backlog on the shared
+/// broker), the sweep cancels them exactly once, the compensation gives their Redis stock back, the
 /// projection shows PAID and CANCELED, and both conservation invariants
 /// hold at the end.
 #[test]

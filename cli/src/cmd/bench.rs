@@ -109,6 +109,9 @@ struct LifecycleSummary {
     orders_paid: i64,
     orders_canceled: i64,
     orders_unpaid: i64,
+    /// Cancels by the delayed message and by the sweep (engine counters).
+    canceled_by_timer_message: u64,
+    canceled_by_sweep: u64,
     compensations_released: i64,
     compensations_pending: i64,
     settled: bool,
@@ -193,6 +196,10 @@ impl Tabular for Summary {
                     "{} / {} / {}",
                     l.orders_paid, l.orders_canceled, l.orders_unpaid
                 ),
+            );
+            row(
+                "canceled by timer message / by sweep",
+                format!("{} / {}", l.canceled_by_timer_message, l.canceled_by_sweep),
             );
             row(
                 "compensations released / pending",
@@ -417,7 +424,7 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
     let quiet_after = quiet_started.elapsed().as_secs_f64();
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let _ = sampler.await;
-    let lifecycle = match args.pay_share {
+    let mut lifecycle = match args.pay_share {
         Some(share) => Some(pay_and_settle(&args, &pool, &http, share).await?),
         None => None,
     };
@@ -428,6 +435,10 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
         .json()
         .await
         .context("read the engine's /v1/stats")?;
+    if let Some(l) = lifecycle.as_mut() {
+        l.canceled_by_timer_message = stats.lifecycle.canceled;
+        l.canceled_by_sweep = stats.lifecycle.sweep_canceled;
+    }
     let (peak_lag_messages, peak_lag_seconds) = *peak.lock().unwrap_or_else(|e| e.into_inner());
     let summary = Summary {
         activity_id: args.activity,

@@ -304,13 +304,18 @@ pub fn activities_key(prefix: &str) -> String {
     format!("{prefix}:activities")
 }
 
-/// How long the req and rsv keys live: a day past the business validity.
-/// Only bounds memory; the consumer decides validity from the message (seed §21).
+/// How long the req and rsv keys live: past the business validity, the
+/// longest pay window and a day more. It only bounds memory (the consumer
+/// decides validity from the message, seed §21), but it must outlive the
+/// order's cancel: the compensation flips the hash's `mq_status` to RELEASED
+/// exactly once, and a hash that expired first leaves nothing to flip
+/// (the task would end ORPHANED).
 pub fn physical_ttl_ms(now_ms: i64, valid_until_ms: i64) -> i64 {
     const DAY_MS: i64 = 24 * 60 * 60 * 1000;
     valid_until_ms
         .saturating_sub(now_ms)
         .max(0)
+        .saturating_add(crate::activity::MAX_WINDOW_MS)
         .saturating_add(DAY_MS)
 }
 
@@ -394,8 +399,9 @@ mod tests {
 
     #[test]
     fn physical_ttl_outlives_validity() {
-        assert_eq!(physical_ttl_ms(1_000, 61_000), 60_000 + 86_400_000);
-        assert_eq!(physical_ttl_ms(61_000, 1_000), 86_400_000);
+        let week = crate::activity::MAX_WINDOW_MS;
+        assert_eq!(physical_ttl_ms(1_000, 61_000), 60_000 + week + 86_400_000);
+        assert_eq!(physical_ttl_ms(61_000, 1_000), week + 86_400_000);
     }
 
     fn sample_hash() -> HashMap<String, String> {
