@@ -28,6 +28,23 @@ pub struct Config {
     pub consumer: ConsumerConfig,
     pub outbox: OutboxConfig,
     pub lifecycle: LifecycleConfig,
+    pub dlq: DlqConfig,
+}
+
+/// The DLQ governor (DESIGN.md §9).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DlqConfig {
+    /// How often every `%DLQ%<group>` is mirrored into `dlq_messages`.
+    pub mirror_interval_ms: u64,
+}
+
+impl Default for DlqConfig {
+    fn default() -> Self {
+        Self {
+            mirror_interval_ms: 2_000,
+        }
+    }
 }
 
 /// The outbox publisher (DESIGN.md §8): claims due `event_outbox` rows and
@@ -157,6 +174,7 @@ impl Default for Config {
             consumer: ConsumerConfig::default(),
             outbox: OutboxConfig::default(),
             lifecycle: LifecycleConfig::default(),
+            dlq: DlqConfig::default(),
         }
     }
 }

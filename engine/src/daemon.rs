@@ -15,7 +15,7 @@ use crate::config::LifecycleConfig;
 use crate::consume::OrderConsumer;
 use crate::http::{AppState, router};
 use crate::lifecycle::{CancelConsumer, CompensationConsumer, ProjectionConsumer};
-use crate::mq::rocket::{MqError, RocketConsumer, RocketProducer};
+use crate::mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
 use crate::mq::{ConsumerSpec, Names, TopicKind};
 use crate::reservation::ReservationStore;
 use crate::runtime::ClientRuntime;
@@ -174,6 +174,15 @@ pub async fn run(
         )),
     )
     .await?;
+    let admin = RocketAdmin::start(rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?;
+    spawn_governor(
+        admin,
+        pool.clone(),
+        names.clone(),
+        Duration::from_millis(cfg.dlq.mirror_interval_ms.max(100)),
+        &tracker,
+        cancel.clone(),
+    );
     spawn_sweeps(
         pool.clone(),
         store.clone(),
@@ -270,5 +279,29 @@ fn spawn_sweeps(
                 }
             }
         }
+    });
+}
+
+/// The DLQ governor (DESIGN.md §9.1): mirrors every seckill group's DLQ
+/// into `dlq_messages` and tickets, every `every`.
+fn spawn_governor(
+    admin: RocketAdmin,
+    pool: sqlx::PgPool,
+    names: Names,
+    every: Duration,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            if let Err(e) = crate::dlq::mirror_once(&admin, &pool, &names).await {
+                tracing::warn!(error = %e, "DLQ mirror pass failed; retrying next interval");
+            }
+        }
+        admin.shutdown().await;
     });
 }

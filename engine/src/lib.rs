@@ -20,6 +20,7 @@ pub mod config;
 pub mod consume;
 pub mod daemon;
 pub mod db;
+pub mod dlq;
 pub mod facts;
 pub mod health;
 pub mod http;

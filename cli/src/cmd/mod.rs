@@ -2,6 +2,7 @@ pub mod activity;
 pub mod bench;
 pub mod config;
 pub mod db;
+pub mod dlq;
 pub mod engine;
 pub mod health;
 pub mod mq;

@@ -43,6 +43,29 @@ pub enum MqError {
     NoRoute { topic: String },
 }
 
+impl MqError {
+    /// The broker or NameServer says the topic does not exist (a DLQ topic
+    /// before its first dead message, say): nothing to read, not an outage.
+    pub fn is_missing_topic(&self) -> bool {
+        match self {
+            MqError::Client { source, .. } => {
+                // The code sits on a nested cause; read the whole chain.
+                let mut text = String::new();
+                let mut cause: Option<&dyn std::error::Error> = Some(source);
+                while let Some(c) = cause {
+                    text.push_str(&c.to_string().to_ascii_lowercase());
+                    text.push('\n');
+                    cause = c.source();
+                }
+                source.broker_response_code() == Some(17)
+                    || text.contains("code: 17 ")
+                    || text.contains("not exist")
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Runs `fut` under a deadline, naming the operation in the error.
 async fn bounded<T>(
     op: &'static str,

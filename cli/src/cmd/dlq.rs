@@ -1,0 +1,330 @@
+//! `seckillctl dlq list|show|ticket`: the dead messages the governor
+//! mirrored and the tickets that own them (DESIGN.md §9).
+
+use crate::exit::UsageError;
+use crate::output::{OutputFormat, Tabular, new_table, render};
+use anyhow::Result;
+use chrono::Utc;
+use seckill_engine::config::Config;
+use seckill_engine::db;
+use seckill_engine::dlq::tickets::{self, ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction};
+use seckill_engine::status::{DlqEntryStatus, TicketStatus};
+use serde::Serialize;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DlqCmd {
+    /// Dead messages, newest first
+    List {
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long)]
+        ticket: Option<String>,
+        /// DEAD, REPLAYING, REPLAYED, VERIFIED or DISCARDED
+        #[arg(long)]
+        status: Option<DlqEntryStatus>,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// One dead message: body, properties, error history, inbox, order and reservation state
+    Show {
+        #[arg(long)]
+        message_id: String,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Tickets: one per (consumer group, error class) while not closed
+    #[command(subcommand)]
+    Ticket(TicketCmd),
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TicketCmd {
+    List {
+        /// OPEN, ACKED, FIXED, REPLAYING, VERIFIED or CLOSED
+        #[arg(long)]
+        status: Option<TicketStatus>,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    Show {
+        #[arg(long)]
+        ticket: String,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// OPEN → ACKED
+    Ack {
+        #[arg(long)]
+        ticket: String,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Set the owner (acknowledges an OPEN ticket)
+    Assign {
+        #[arg(long)]
+        ticket: String,
+        #[arg(long)]
+        owner: String,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// The fault is fixed: → FIXED, ready to replay
+    Resolve {
+        #[arg(long)]
+        ticket: String,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// → CLOSED, saying what was done
+    Close {
+        #[arg(long)]
+        ticket: String,
+        #[arg(long)]
+        resolution: String,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+fn age(t: chrono::DateTime<Utc>) -> String {
+    let s = (Utc::now() - t).num_seconds().max(0);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        _ => format!("{}h{}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Entries(Vec<DlqEntry>);
+
+impl Tabular for Entries {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table([
+            "GROUP",
+            "MESSAGE ID",
+            "TICKET",
+            "CLASS",
+            "ATTEMPTS",
+            "STATUS",
+            "DEAD FOR",
+        ]);
+        for e in &self.0 {
+            t.add_row([
+                e.consumer_group.clone(),
+                e.message_id.clone(),
+                e.ticket_id.clone().unwrap_or_else(|| "-".into()),
+                e.error_class.to_string(),
+                e.delivery_attempts.to_string(),
+                e.status.to_string(),
+                age(e.dead_at),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        vec![format!("{} dead message(s)", self.0.len())]
+    }
+}
+
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Details(Vec<EntryDetail>);
+
+impl Tabular for Details {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["FIELD", "VALUE"]);
+        for d in &self.0 {
+            let e = &d.entry;
+            let rows = [
+                ("group", e.consumer_group.clone()),
+                ("message_id", e.message_id.clone()),
+                ("original topic", e.original_topic.clone()),
+                ("ticket", e.ticket_id.clone().unwrap_or_else(|| "-".into())),
+                (
+                    "status",
+                    format!("{} (replays {})", e.status, e.replay_count),
+                ),
+                ("error class", e.error_class.to_string()),
+                ("delivery attempts", e.delivery_attempts.to_string()),
+                (
+                    "dead at",
+                    format!("{} ({} ago)", e.dead_at.to_rfc3339(), age(e.dead_at)),
+                ),
+                (
+                    "inbox",
+                    d.inbox
+                        .as_ref()
+                        .map_or("none (never applied)".into(), |(s, c)| {
+                            format!("{s} {}", c.as_deref().unwrap_or(""))
+                        }),
+                ),
+                (
+                    "order",
+                    d.order_status.clone().unwrap_or_else(|| "none".into()),
+                ),
+                (
+                    "reservation",
+                    d.reservation_outcome
+                        .clone()
+                        .unwrap_or_else(|| "not decided".into()),
+                ),
+                ("properties", e.properties.to_string()),
+                ("body", d.body.clone()),
+            ];
+            for (k, v) in rows {
+                t.add_row([k.to_owned(), v]);
+            }
+            for f in &d.failures {
+                t.add_row([
+                    format!("failure (attempt {})", f.delivery_attempt),
+                    format!(
+                        "{} {}: {}",
+                        f.failed_at.to_rfc3339(),
+                        f.error_class,
+                        f.detail
+                    ),
+                ]);
+            }
+        }
+        t
+    }
+}
+
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Tickets(Vec<Ticket>);
+
+impl Tabular for Tickets {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table([
+            "TICKET", "GROUP", "CLASS", "STATUS", "OWNER", "MESSAGES", "DEAD", "AGE",
+        ]);
+        for k in &self.0 {
+            t.add_row([
+                k.ticket_id.clone(),
+                k.consumer_group.clone(),
+                k.error_class.to_string(),
+                k.status.to_string(),
+                k.owner.clone().unwrap_or_else(|| "-".into()),
+                k.messages.to_string(),
+                k.dead.to_string(),
+                age(k.opened_at),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        let open = self
+            .0
+            .iter()
+            .filter(|t| t.status != TicketStatus::Closed)
+            .count();
+        vec![format!("{open} ticket(s) not closed")]
+    }
+}
+
+#[derive(Serialize)]
+struct TicketDetail {
+    ticket: Ticket,
+    messages: Vec<DlqEntry>,
+}
+
+impl Tabular for TicketDetail {
+    fn table(&self) -> comfy_table::Table {
+        Entries(self.messages.clone()).table()
+    }
+
+    fn footer(&self) -> Vec<String> {
+        let k = &self.ticket;
+        vec![format!(
+            "ticket {} ({} / {}): {}, owner {}, {} message(s), {} still dead{}",
+            k.ticket_id,
+            k.consumer_group,
+            k.error_class,
+            k.status,
+            k.owner.as_deref().unwrap_or("-"),
+            k.messages,
+            k.dead,
+            k.resolution
+                .as_deref()
+                .map(|r| format!("; resolution: {r}"))
+                .unwrap_or_default()
+        )]
+    }
+}
+
+pub async fn run(cmd: DlqCmd, cfg: &Config) -> Result<()> {
+    let pool = db::connect(cfg).await?;
+    let out = &mut std::io::stdout().lock();
+    match cmd {
+        DlqCmd::List {
+            group,
+            ticket,
+            status,
+            output,
+        } => {
+            let entries =
+                tickets::list_entries(&pool, group.as_deref(), ticket.as_deref(), status).await?;
+            render(out, output, &Entries(entries))
+        }
+        DlqCmd::Show { message_id, output } => {
+            let found = tickets::show_entries(&pool, &message_id).await?;
+            if found.is_empty() {
+                return Err(UsageError(format!(
+                    "no dead message {message_id}; list them with `seckillctl dlq list`"
+                ))
+                .into());
+            }
+            render(out, output, &Details(found))
+        }
+        DlqCmd::Ticket(TicketCmd::List { status, output }) => render(
+            out,
+            output,
+            &Tickets(tickets::list_tickets(&pool, status).await?),
+        ),
+        DlqCmd::Ticket(TicketCmd::Show { ticket, output }) => {
+            let Some(t) = tickets::get_ticket(&pool, &ticket).await? else {
+                return Err(UsageError(format!(
+                    "no ticket {ticket}; list them with `seckillctl dlq ticket list`"
+                ))
+                .into());
+            };
+            let messages = tickets::list_entries(&pool, None, Some(&ticket), None).await?;
+            render(
+                out,
+                output,
+                &TicketDetail {
+                    ticket: t,
+                    messages,
+                },
+            )
+        }
+        DlqCmd::Ticket(cmd) => {
+            let (ticket, action, output) = match cmd {
+                TicketCmd::Ack { ticket, output } => (ticket, TicketAction::Ack, output),
+                TicketCmd::Assign {
+                    ticket,
+                    owner,
+                    output,
+                } => (ticket, TicketAction::Assign { owner }, output),
+                TicketCmd::Resolve { ticket, output } => (ticket, TicketAction::Resolve, output),
+                TicketCmd::Close {
+                    ticket,
+                    resolution,
+                    output,
+                } => (ticket, TicketAction::Close { resolution }, output),
+                TicketCmd::List { .. } | TicketCmd::Show { .. } => unreachable!("handled above"),
+            };
+            let t = match tickets::apply(&pool, &ticket, &action).await {
+                Ok(t) => t,
+                Err(ApplyError::Ticket(e)) => return Err(UsageError(e.to_string()).into()),
+                Err(ApplyError::Db(e)) => return Err(e.into()),
+            };
+            render(out, output, &Tickets(vec![t]))
+        }
+    }
+}

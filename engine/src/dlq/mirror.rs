@@ -1,0 +1,232 @@
+//! The governor's mirror pass (DESIGN.md §9.1).
+//!
+//! Per DLQ queue the mirror keeps `next_offset` in `dlq_mirror_offsets`,
+//! written in the same transaction as the rows it mirrored, so a crash
+//! neither skips a dead message nor mirrors it twice; mirroring the same
+//! message again (it died again after a replay) updates its row.
+
+use super::new_ticket_id;
+use crate::mq::rocket::{MqError, RocketAdmin};
+use crate::mq::{IncomingMessage, Names, TopicKind, topics};
+use crate::status::FailureClass;
+use chrono::{DateTime, TimeZone, Utc};
+use sqlx::{PgPool, Postgres, Transaction};
+
+/// Messages read per pull.
+const PAGE: i32 = 32;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MirrorReport {
+    /// Dead messages copied (or refreshed) this pass.
+    pub mirrored: usize,
+    /// Tickets opened this pass: (ticket id, group, error class).
+    pub opened: Vec<(String, String, FailureClass)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Mq(#[from] MqError),
+}
+
+/// The business id of a dead message; a message without one (not ours)
+/// is keyed by its broker id so it is still mirrored and seen.
+pub fn entry_key(m: &IncomingMessage) -> String {
+    m.message_id()
+        .map_or_else(|| format!("broker:{}", m.broker_msg_id), str::to_owned)
+}
+
+/// The topic the message was consumed from: the broker records it in
+/// `RETRY_TOPIC` when it moves a retried message; a message dead-lettered
+/// on first delivery keeps its own topic.
+pub fn original_topic(m: &IncomingMessage, group: &str) -> String {
+    match m.property("RETRY_TOPIC") {
+        Some(t) if !t.is_empty() => t.to_owned(),
+        _ if m.topic.starts_with("%DLQ%") || m.topic.starts_with("%RETRY%") => {
+            format!("(unknown: dead in {})", topics::dlq_topic(group))
+        }
+        _ => m.topic.clone(),
+    }
+}
+
+fn at_ms(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms)
+        .single()
+        .unwrap_or_else(Utc::now)
+}
+
+/// One pass over every seckill group's DLQ.
+pub async fn mirror_once(
+    admin: &RocketAdmin,
+    pool: &PgPool,
+    names: &Names,
+) -> Result<MirrorReport, MirrorError> {
+    let mut report = MirrorReport::default();
+    for kind in TopicKind::ALL {
+        let group = names.group(kind);
+        let dlq = topics::dlq_topic(&group);
+        // The broker creates a DLQ topic with the first dead message; until
+        // then there is nothing to read.
+        let queues = match admin.queue_offsets(&dlq).await {
+            Ok(q) => q,
+            Err(e) if e.is_missing_topic() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for (broker, q) in queues {
+            let mut offset: i64 = sqlx::query_scalar(
+                "SELECT next_offset FROM dlq_mirror_offsets WHERE consumer_group = $1 AND queue_id = $2",
+            )
+            .bind(&group)
+            .bind(q.queue_id)
+            .fetch_optional(pool)
+            .await?
+            .unwrap_or(q.min)
+            .max(q.min);
+            while offset < q.max {
+                let pulled = admin.pull(&broker, &dlq, q.queue_id, offset, PAGE).await?;
+                let next = pulled.next_offset.max(offset);
+                let mut tx = pool.begin().await?;
+                for m in &pulled.messages {
+                    if let Some(opened) = mirror_one(&mut tx, &group, m).await? {
+                        report.opened.push(opened);
+                    }
+                    report.mirrored += 1;
+                }
+                sqlx::query(
+                    "INSERT INTO dlq_mirror_offsets (consumer_group, queue_id, next_offset)
+                     VALUES ($1, $2, $3)
+                     ON CONFLICT (consumer_group, queue_id)
+                     DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
+                )
+                .bind(&group)
+                .bind(q.queue_id)
+                .bind(next)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                if next == offset {
+                    break; // nothing readable yet at this offset; next pass
+                }
+                offset = next;
+            }
+        }
+    }
+    for (ticket, group, class) in &report.opened {
+        tracing::error!(
+            ticket_id = %ticket, group = %group, error_class = %class,
+            "DLQ > 0: new ticket opened; see `seckillctl dlq ticket show --ticket {ticket}`"
+        );
+    }
+    Ok(report)
+}
+
+/// Mirrors one dead message; returns the ticket it opened, if any.
+async fn mirror_one(
+    tx: &mut Transaction<'static, Postgres>,
+    group: &str,
+    m: &IncomingMessage,
+) -> Result<Option<(String, String, FailureClass)>, sqlx::Error> {
+    let key = entry_key(m);
+    let class: FailureClass = sqlx::query_scalar(
+        "SELECT error_class FROM consumer_failures
+         WHERE consumer_group = $1 AND message_id = $2
+         ORDER BY failed_at DESC LIMIT 1",
+    )
+    .bind(group)
+    .bind(&key)
+    .fetch_optional(&mut **tx)
+    .await?
+    .unwrap_or(FailureClass::Unknown);
+
+    let fresh = new_ticket_id();
+    let opened: Option<String> = sqlx::query_scalar(
+        "INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class)
+         VALUES ($1, $2, $3)
+         ON CONFLICT (consumer_group, error_class) WHERE status <> 'CLOSED' DO NOTHING
+         RETURNING ticket_id",
+    )
+    .bind(&fresh)
+    .bind(group)
+    .bind(class)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let ticket: String = match &opened {
+        Some(t) => t.clone(),
+        None => {
+            sqlx::query_scalar(
+                "SELECT ticket_id FROM dlq_tickets
+                 WHERE consumer_group = $1 AND error_class = $2 AND status <> 'CLOSED'",
+            )
+            .bind(group)
+            .bind(class)
+            .fetch_one(&mut **tx)
+            .await?
+        }
+    };
+    let props = serde_json::to_value(&m.properties).unwrap_or_default();
+    sqlx::query(
+        "INSERT INTO dlq_messages (consumer_group, message_id, ticket_id, original_topic, broker_msg_id,
+                                   dlq_queue_id, dlq_queue_offset, body, properties, error_class,
+                                   delivery_attempts, dead_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+         ON CONFLICT (consumer_group, message_id) DO UPDATE
+         SET ticket_id = EXCLUDED.ticket_id, broker_msg_id = EXCLUDED.broker_msg_id,
+             dlq_queue_id = EXCLUDED.dlq_queue_id, dlq_queue_offset = EXCLUDED.dlq_queue_offset,
+             error_class = EXCLUDED.error_class, delivery_attempts = EXCLUDED.delivery_attempts,
+             dead_at = EXCLUDED.dead_at, status = 'DEAD', mirrored_at = now()",
+    )
+    .bind(group)
+    .bind(&key)
+    .bind(&ticket)
+    .bind(original_topic(m, group))
+    .bind(&m.broker_msg_id)
+    .bind(m.queue_id)
+    .bind(m.queue_offset)
+    .bind(&m.body)
+    .bind(props)
+    .bind(class)
+    // The broker bumps the reconsume count once more as it dead-letters,
+    // so the DLQ copy's count is the number of deliveries made.
+    .bind(m.reconsume_times.max(1))
+    .bind(at_ms(m.store_timestamp_ms))
+    .execute(&mut **tx)
+    .await?;
+    Ok(opened.map(|t| (t, group.to_owned(), class)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn msg(props: &[(&str, &str)], topic: &str) -> IncomingMessage {
+        IncomingMessage {
+            topic: topic.into(),
+            tag: None,
+            keys: vec![],
+            properties: props
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<BTreeMap<_, _>>(),
+            body: vec![],
+            broker_msg_id: "B1".into(),
+            queue_id: 0,
+            queue_offset: 0,
+            reconsume_times: 3,
+            store_timestamp_ms: 0,
+            born_timestamp_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_original_topic_and_key_come_from_the_properties() {
+        let m = msg(&[("RETRY_TOPIC", "T"), ("message_id", "evt_1")], "%DLQ%G");
+        assert_eq!(original_topic(&m, "G"), "T");
+        assert_eq!(entry_key(&m), "evt_1");
+        let foreign = msg(&[], "%DLQ%G");
+        assert_eq!(entry_key(&foreign), "broker:B1");
+        assert!(original_topic(&foreign, "G").starts_with("(unknown"));
+    }
+}

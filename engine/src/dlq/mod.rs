@@ -1,0 +1,23 @@
+//! The DLQ closed loop (DESIGN.md §9, seed §17, §25): discover and own.
+//!
+//! - [`mirror`]: the governor's pass. Every message of `%DLQ%<group>` of
+//!   each seckill consumer group is copied into `dlq_messages` (original
+//!   topic, body, properties, the error class of the consumer's last
+//!   recorded failure, delivery attempts, `dead_at`) and grouped into the
+//!   live `dlq_tickets` row of its (group, error class).
+//! - [`tickets`]: the ticket lifecycle OPEN → ACKED → FIXED → REPLAYING →
+//!   VERIFIED → CLOSED as a pure transition table, and the reads the CLI
+//!   shows.
+//!
+//! Replay (with the original `message_id`) builds on these rows.
+
+pub mod mirror;
+pub mod tickets;
+
+pub use mirror::{MirrorReport, mirror_once};
+pub use tickets::{ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction, TicketError};
+
+/// A fresh ticket id, `tkt_<ULID>`.
+pub fn new_ticket_id() -> String {
+    format!("tkt_{}", ulid::Ulid::new())
+}

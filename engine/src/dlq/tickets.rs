@@ -1,0 +1,338 @@
+//! DLQ tickets and entries (DESIGN.md §9.2): the lifecycle as a pure
+//! transition table, and the reads `seckillctl dlq` shows.
+
+use crate::status::{DlqEntryStatus, FailureClass, TicketStatus};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+/// What an operator does to a ticket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TicketAction {
+    /// "I have seen it."
+    Ack,
+    /// Take (or hand over) ownership; acknowledges an OPEN ticket.
+    Assign { owner: String },
+    /// The fault is fixed: the entries may be replayed.
+    Resolve,
+    /// Done, with what was done.
+    Close { resolution: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TicketError {
+    #[error("no ticket {0}; list them with `seckillctl dlq ticket list`")]
+    Unknown(String),
+    #[error("ticket {ticket} is {from}; it cannot be {action}")]
+    Refused {
+        ticket: String,
+        from: TicketStatus,
+        action: &'static str,
+    },
+    #[error("{0} must not be empty")]
+    Empty(&'static str),
+}
+
+impl TicketAction {
+    fn verb(&self) -> &'static str {
+        match self {
+            TicketAction::Ack => "acknowledged",
+            TicketAction::Assign { .. } => "assigned",
+            TicketAction::Resolve => "resolved",
+            TicketAction::Close { .. } => "closed",
+        }
+    }
+}
+
+/// The next status, or why not (pure). Repeating an action that already
+/// took effect is allowed and changes nothing, so scripts can retry.
+pub fn transition(
+    ticket: &str,
+    from: TicketStatus,
+    action: &TicketAction,
+) -> Result<TicketStatus, TicketError> {
+    use TicketStatus as S;
+    let refused = || TicketError::Refused {
+        ticket: ticket.to_owned(),
+        from,
+        action: action.verb(),
+    };
+    match (from, action) {
+        (S::Closed, _) => Err(refused()),
+        (_, TicketAction::Close { .. }) => Ok(S::Closed),
+        (S::Open, TicketAction::Ack | TicketAction::Assign { .. }) => Ok(S::Acked),
+        (other, TicketAction::Assign { .. }) => Ok(other),
+        (S::Acked, TicketAction::Ack) => Ok(S::Acked),
+        (S::Open | S::Acked | S::Fixed, TicketAction::Resolve) => Ok(S::Fixed),
+        (S::Fixed | S::Replaying | S::Verified, TicketAction::Ack) => Ok(from),
+        (S::Replaying | S::Verified, TicketAction::Resolve) => Err(refused()),
+    }
+}
+
+/// One ticket with its entry counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Ticket {
+    pub ticket_id: String,
+    pub consumer_group: String,
+    pub error_class: FailureClass,
+    pub status: TicketStatus,
+    pub owner: Option<String>,
+    pub resolution: Option<String>,
+    pub opened_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
+    /// Entries in the ticket, and those still DEAD.
+    pub messages: i64,
+    pub dead: i64,
+    pub oldest_dead_at: Option<DateTime<Utc>>,
+}
+
+const TICKET_COLUMNS: &str = "t.ticket_id, t.consumer_group, t.error_class, t.status, t.owner, t.resolution,
+     t.opened_at, t.updated_at, t.closed_at,
+     (SELECT count(*) FROM dlq_messages m WHERE m.ticket_id = t.ticket_id) AS messages,
+     (SELECT count(*) FROM dlq_messages m WHERE m.ticket_id = t.ticket_id AND m.status = 'DEAD') AS dead,
+     (SELECT min(dead_at) FROM dlq_messages m WHERE m.ticket_id = t.ticket_id) AS oldest_dead_at";
+
+/// One mirrored dead message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct DlqEntry {
+    pub consumer_group: String,
+    pub message_id: String,
+    pub ticket_id: Option<String>,
+    pub original_topic: String,
+    pub broker_msg_id: String,
+    pub error_class: FailureClass,
+    pub delivery_attempts: i32,
+    pub status: DlqEntryStatus,
+    pub replay_count: i32,
+    pub dead_at: DateTime<Utc>,
+    pub mirrored_at: DateTime<Utc>,
+    pub verified_at: Option<DateTime<Utc>>,
+    #[serde(skip)]
+    pub body: Vec<u8>,
+    pub properties: serde_json::Value,
+}
+
+const ENTRY_COLUMNS: &str =
+    "consumer_group, message_id, ticket_id, original_topic, broker_msg_id, error_class,
+     delivery_attempts, status, replay_count, dead_at, mirrored_at, verified_at, body, properties";
+
+pub async fn list_tickets(
+    pool: &PgPool,
+    status: Option<TicketStatus>,
+) -> Result<Vec<Ticket>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {TICKET_COLUMNS} FROM dlq_tickets t
+         WHERE $1::ticket_status IS NULL OR t.status = $1
+         ORDER BY t.opened_at DESC"
+    ))
+    .bind(status)
+    .fetch_all(pool)
+    .await
+}
+
+pub async fn get_ticket(pool: &PgPool, id: &str) -> Result<Option<Ticket>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {TICKET_COLUMNS} FROM dlq_tickets t WHERE t.ticket_id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Applies an operator action, checked against the current status under a
+/// row lock, so two operators cannot race a ticket into a wrong state.
+pub async fn apply(pool: &PgPool, id: &str, action: &TicketAction) -> Result<Ticket, ApplyError> {
+    match action {
+        TicketAction::Assign { owner } if owner.trim().is_empty() => {
+            return Err(TicketError::Empty("--owner").into());
+        }
+        TicketAction::Close { resolution } if resolution.trim().is_empty() => {
+            return Err(TicketError::Empty("--resolution").into());
+        }
+        _ => {}
+    }
+    let mut tx = pool.begin().await?;
+    let from: Option<TicketStatus> =
+        sqlx::query_scalar("SELECT status FROM dlq_tickets WHERE ticket_id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let from = from.ok_or_else(|| TicketError::Unknown(id.to_owned()))?;
+    let to = transition(id, from, action)?;
+    let (owner, resolution) = match action {
+        TicketAction::Assign { owner } => (Some(owner.trim().to_owned()), None),
+        TicketAction::Close { resolution } => (None, Some(resolution.trim().to_owned())),
+        _ => (None, None),
+    };
+    sqlx::query(
+        "UPDATE dlq_tickets
+         SET status = $2, owner = COALESCE($3, owner), resolution = COALESCE($4, resolution),
+             updated_at = now(),
+             closed_at = CASE WHEN $2 = 'CLOSED' THEN now() ELSE closed_at END
+         WHERE ticket_id = $1",
+    )
+    .bind(id)
+    .bind(to)
+    .bind(owner)
+    .bind(resolution)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(get_ticket(pool, id)
+        .await?
+        .ok_or_else(|| TicketError::Unknown(id.to_owned()))?)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Ticket(#[from] TicketError),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+pub async fn list_entries(
+    pool: &PgPool,
+    group: Option<&str>,
+    ticket: Option<&str>,
+    status: Option<DlqEntryStatus>,
+) -> Result<Vec<DlqEntry>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {ENTRY_COLUMNS} FROM dlq_messages
+         WHERE ($1::text IS NULL OR consumer_group = $1)
+           AND ($2::text IS NULL OR ticket_id = $2)
+           AND ($3::dlq_entry_status IS NULL OR status = $3)
+         ORDER BY dead_at DESC
+         LIMIT 1000"
+    ))
+    .bind(group)
+    .bind(ticket)
+    .bind(status)
+    .fetch_all(pool)
+    .await
+}
+
+/// One failure a consumer recorded before asking for a retry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct FailureRecord {
+    pub error_class: FailureClass,
+    pub detail: String,
+    pub delivery_attempt: i32,
+    pub failed_at: DateTime<Utc>,
+}
+
+/// Where the business stands for a dead message: what an operator needs
+/// before deciding on a replay.
+#[derive(Debug, Clone, Serialize)]
+pub struct EntryDetail {
+    pub entry: DlqEntry,
+    /// The body as text (it is JSON for every seckill topic).
+    pub body: String,
+    pub failures: Vec<FailureRecord>,
+    /// The group's inbox row for this message_id, if any: (status, result code).
+    pub inbox: Option<(String, Option<String>)>,
+    /// The order and reservation the body names, as PostgreSQL has them.
+    pub order_status: Option<String>,
+    pub reservation_outcome: Option<String>,
+}
+
+pub async fn show_entries(
+    pool: &PgPool,
+    message_id: &str,
+) -> Result<Vec<EntryDetail>, sqlx::Error> {
+    let entries: Vec<DlqEntry> = sqlx::query_as(&format!(
+        "SELECT {ENTRY_COLUMNS} FROM dlq_messages WHERE message_id = $1 ORDER BY consumer_group"
+    ))
+    .bind(message_id)
+    .fetch_all(pool)
+    .await?;
+    let mut out = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let failures: Vec<FailureRecord> = sqlx::query_as(
+            "SELECT error_class, detail, delivery_attempt, failed_at FROM consumer_failures
+             WHERE consumer_group = $1 AND message_id = $2 ORDER BY failed_at",
+        )
+        .bind(&entry.consumer_group)
+        .bind(message_id)
+        .fetch_all(pool)
+        .await?;
+        let inbox: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT status::text, result_code FROM consumer_inbox WHERE consumer_group = $1 AND message_id = $2",
+        )
+        .bind(&entry.consumer_group)
+        .bind(message_id)
+        .fetch_optional(pool)
+        .await?;
+        let body: serde_json::Value = serde_json::from_slice(&entry.body).unwrap_or_default();
+        let order_status: Option<String> = match body["order_id"].as_str() {
+            Some(id) => {
+                sqlx::query_scalar("SELECT status::text FROM orders WHERE order_id = $1")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?
+            }
+            None => None,
+        };
+        let reservation_outcome: Option<String> = match body["reservation_id"].as_str() {
+            Some(id) => {
+                sqlx::query_scalar(
+                    "SELECT outcome::text FROM reservations WHERE reservation_id = $1",
+                )
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+            }
+            None => None,
+        };
+        out.push(EntryDetail {
+            body: String::from_utf8_lossy(&entry.body).into_owned(),
+            entry,
+            failures,
+            inbox,
+            order_status,
+            reservation_outcome,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TicketStatus as S;
+
+    fn close() -> TicketAction {
+        TicketAction::Close {
+            resolution: "fixed the SKU row".into(),
+        }
+    }
+
+    fn assign() -> TicketAction {
+        TicketAction::Assign {
+            owner: "alice".into(),
+        }
+    }
+
+    #[test]
+    fn the_lifecycle_moves_forward_and_repeats_are_harmless() {
+        let t = |from, a: &TicketAction| transition("tkt_1", from, a);
+        assert_eq!(t(S::Open, &TicketAction::Ack), Ok(S::Acked));
+        assert_eq!(t(S::Acked, &TicketAction::Ack), Ok(S::Acked));
+        assert_eq!(t(S::Open, &assign()), Ok(S::Acked));
+        assert_eq!(t(S::Fixed, &assign()), Ok(S::Fixed));
+        assert_eq!(t(S::Acked, &TicketAction::Resolve), Ok(S::Fixed));
+        assert_eq!(t(S::Open, &TicketAction::Resolve), Ok(S::Fixed));
+        assert_eq!(t(S::Verified, &close()), Ok(S::Closed));
+        assert_eq!(t(S::Open, &close()), Ok(S::Closed));
+    }
+
+    #[test]
+    fn a_closed_ticket_refuses_everything_and_says_why() {
+        for a in [TicketAction::Ack, assign(), TicketAction::Resolve, close()] {
+            let e = transition("tkt_1", S::Closed, &a).unwrap_err();
+            assert!(e.to_string().contains("tkt_1 is CLOSED"), "{e}");
+        }
+        assert!(transition("tkt_1", S::Replaying, &TicketAction::Resolve).is_err());
+    }
+}

@@ -1,0 +1,186 @@
+//! The DLQ loop (DESIGN.md §9) against the real broker: a poison message
+//! exhausts its retries, lands in `%DLQ%<group>`, is mirrored with the
+//! error class its consumer recorded, and gets a ticket whose lifecycle
+//! the operator moves.
+
+use anyhow::ensure;
+use chrono::{Duration as ChronoDuration, Utc};
+use seckill_engine::consume::OrderConsumer;
+use seckill_engine::dlq::tickets::{self, TicketAction, TicketError};
+use seckill_engine::dlq::{ApplyError, mirror_once};
+use seckill_engine::ids::{
+    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
+};
+use seckill_engine::message::{ORDER_CREATE_EVENT, OrderCreateRequested, TraceContext};
+use seckill_engine::mq::rocket::{RocketConsumer, RocketProducer};
+use seckill_engine::mq::{ConsumerSpec, Producer, TopicKind};
+use seckill_engine::publish::to_outgoing;
+use seckill_engine::status::{DlqEntryStatus, FailureClass, TicketStatus};
+use seckill_tests::{Setup, eventually, run};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn order_msg(activity: ActivityId, sku: SkuId) -> OrderCreateRequested {
+    let rsv = ReservationId::generate();
+    let now = Utc::now();
+    OrderCreateRequested {
+        schema_version: 1,
+        event_type: ORDER_CREATE_EVENT.into(),
+        message_id: MessageId::generate(),
+        message_key: rsv.clone(),
+        request_id: RequestId::generate(),
+        reservation_id: rsv,
+        order_id: OrderId::generate(),
+        activity_id: activity,
+        sku_id: sku,
+        user_id: UserId(1),
+        quantity: 1,
+        reservation_created_at: now,
+        reservation_valid_until: now + ChronoDuration::minutes(5),
+        created_at: now,
+        retry_count: 0,
+        replay_count: 0,
+        producer: "dlq-test".into(),
+        trace: TraceContext::generate(),
+    }
+}
+
+#[test]
+fn a_poison_message_is_dead_lettered_mirrored_and_ticketed() {
+    run(Setup::Full, |env| async move {
+        // The poison: an order for a SKU with no inventory row. The consumer
+        // retries it (a configuration error, FailureClass UNKNOWN) and
+        // records each failure; the broker dead-letters it after 1 retry.
+        let (activity, sku) = (ActivityId(5), SkuId(9));
+        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+            .bind(activity)
+            .execute(&env.pool)
+            .await?;
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        env.admin.ensure_group(&group, 1).await?;
+        let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
+        spec.max_reconsume_times = 1;
+        let consumer = RocketConsumer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &spec,
+            Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
+        )
+        .await?;
+        let producer = RocketProducer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &env.names.producer_group(),
+            Duration::from_secs(3),
+            1,
+        )
+        .await?;
+        let m = order_msg(activity, sku);
+        let sent = producer
+            .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+            .await;
+        ensure!(sent.is_confirmed(), "{sent:?}");
+
+        // Nothing is mirrored before it dies; the DLQ topic may not exist yet.
+        let report = mirror_once(&env.admin, &env.pool, &env.names).await?;
+        assert_eq!(report.mirrored, 0);
+
+        let report = eventually(
+            Duration::from_secs(120),
+            "the dead message mirrored",
+            || async {
+                let r = mirror_once(&env.admin, &env.pool, &env.names).await?;
+                Ok((r.mirrored > 0).then_some(r))
+            },
+        )
+        .await?;
+        consumer.shutdown().await;
+        producer.shutdown().await;
+        assert_eq!(report.mirrored, 1);
+        assert_eq!(report.opened.len(), 1, "one ticket opened");
+        let (ticket, ticket_group, class) = report.opened[0].clone();
+        assert_eq!(
+            (ticket_group.as_str(), class),
+            (group.as_str(), FailureClass::Unknown)
+        );
+
+        let entries = tickets::list_entries(&env.pool, Some(&group), None, None).await?;
+        assert_eq!(entries.len(), 1);
+        let e = &entries[0];
+        assert_eq!(e.message_id, m.message_id.as_str());
+        assert_eq!(e.original_topic, topic);
+        assert_eq!(e.error_class, FailureClass::Unknown);
+        assert_eq!(e.delivery_attempts, 2, "first delivery and one retry");
+        assert_eq!(e.status, DlqEntryStatus::Dead);
+        assert_eq!(e.ticket_id.as_deref(), Some(ticket.as_str()));
+        let body: OrderCreateRequested = serde_json::from_slice(&e.body)?;
+        assert_eq!(body, m, "the body survives intact");
+        assert!(Utc::now() - e.dead_at < ChronoDuration::minutes(5));
+
+        // The detail view carries the recorded failures and the business state.
+        let detail = tickets::show_entries(&env.pool, m.message_id.as_str()).await?;
+        assert_eq!(detail.len(), 1);
+        assert_eq!(detail[0].failures.len(), 2, "{:?}", detail[0].failures);
+        assert!(detail[0].failures[0].detail.contains("no inventory row"));
+        assert_eq!(detail[0].inbox, None, "never applied");
+        assert_eq!(detail[0].order_status, None);
+
+        // A second pass mirrors nothing new: the offsets were kept.
+        let again = mirror_once(&env.admin, &env.pool, &env.names).await?;
+        assert_eq!((again.mirrored, again.opened.len()), (0, 0));
+
+        // The ticket lifecycle.
+        let t = tickets::get_ticket(&env.pool, &ticket)
+            .await?
+            .expect("ticket");
+        assert_eq!((t.status, t.messages, t.dead), (TicketStatus::Open, 1, 1));
+        let t = tickets::apply(
+            &env.pool,
+            &ticket,
+            &TicketAction::Assign {
+                owner: "alice".into(),
+            },
+        )
+        .await?;
+        assert_eq!(
+            (t.status, t.owner.as_deref()),
+            (TicketStatus::Acked, Some("alice"))
+        );
+        let t = tickets::apply(&env.pool, &ticket, &TicketAction::Resolve).await?;
+        assert_eq!(t.status, TicketStatus::Fixed);
+        let empty = tickets::apply(
+            &env.pool,
+            &ticket,
+            &TicketAction::Close {
+                resolution: " ".into(),
+            },
+        )
+        .await;
+        assert!(matches!(
+            empty,
+            Err(ApplyError::Ticket(TicketError::Empty("--resolution")))
+        ));
+        let t = tickets::apply(
+            &env.pool,
+            &ticket,
+            &TicketAction::Close {
+                resolution: "inventory row added".into(),
+            },
+        )
+        .await?;
+        assert_eq!(t.status, TicketStatus::Closed);
+        assert!(t.closed_at.is_some());
+        let refused = tickets::apply(&env.pool, &ticket, &TicketAction::Ack).await;
+        assert!(matches!(
+            refused,
+            Err(ApplyError::Ticket(TicketError::Refused { .. }))
+        ));
+        let unknown = tickets::apply(&env.pool, "tkt_nope", &TicketAction::Ack).await;
+        assert!(matches!(
+            unknown,
+            Err(ApplyError::Ticket(TicketError::Unknown(_)))
+        ));
+        Ok(())
+    });
+}
