@@ -91,3 +91,31 @@ fn an_operator_cancel_needs_a_reason() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--reason"));
 }
+
+#[test]
+fn a_replay_without_a_reason_is_refused_before_anything_is_touched() {
+    let (out, _) = seckillctl(&[
+        "dlq",
+        "replay",
+        "--message-id",
+        "evt_01KBCDW5G2ZJ3T4X8E5N3Y7Q1M",
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--reason"));
+    let (out, _) = seckillctl(&[
+        "dlq",
+        "replay",
+        "--message-id",
+        "evt_1",
+        "--reason",
+        "x",
+        "--force",
+        "everything",
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("one of"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

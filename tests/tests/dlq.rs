@@ -6,6 +6,7 @@
 use anyhow::ensure;
 use chrono::{Duration as ChronoDuration, Utc};
 use seckill_engine::consume::OrderConsumer;
+use seckill_engine::dlq::replay::{Check, Level, ReplayError, ReplayRequest, replay};
 use seckill_engine::dlq::tickets::{self, TicketAction, TicketError};
 use seckill_engine::dlq::{ApplyError, mirror_once};
 use seckill_engine::ids::{
@@ -15,7 +16,9 @@ use seckill_engine::message::{ORDER_CREATE_EVENT, OrderCreateRequested, TraceCon
 use seckill_engine::mq::rocket::{RocketConsumer, RocketProducer};
 use seckill_engine::mq::{ConsumerSpec, Producer, TopicKind};
 use seckill_engine::publish::to_outgoing;
-use seckill_engine::status::{DlqEntryStatus, FailureClass, TicketStatus};
+use seckill_engine::status::{
+    DlqEntryStatus, FailureClass, ReplayDecision, ReplayOutcome, TicketStatus,
+};
 use seckill_tests::{Setup, eventually, run};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,7 +49,7 @@ fn order_msg(activity: ActivityId, sku: SkuId) -> OrderCreateRequested {
 }
 
 #[test]
-fn a_poison_message_is_dead_lettered_mirrored_and_ticketed() {
+fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
     run(Setup::Full, |env| async move {
         // The poison: an order for a SKU with no inventory row. The consumer
         // retries it (a configuration error, FailureClass UNKNOWN) and
@@ -95,8 +98,6 @@ fn a_poison_message_is_dead_lettered_mirrored_and_ticketed() {
             },
         )
         .await?;
-        consumer.shutdown().await;
-        producer.shutdown().await;
         assert_eq!(report.mirrored, 1);
         assert_eq!(report.opened.len(), 1, "one ticket opened");
         let (ticket, ticket_group, class) = report.opened[0].clone();
@@ -130,11 +131,170 @@ fn a_poison_message_is_dead_lettered_mirrored_and_ticketed() {
         let again = mirror_once(&env.admin, &env.pool, &env.names).await?;
         assert_eq!((again.mirrored, again.opened.len()), (0, 0));
 
+        // Replay. Bad requests write nothing and send nothing.
+        let id = m.message_id.to_string();
+        let req = |reason: &str, dry_run: bool, force: Vec<Check>| ReplayRequest {
+            message_id: id.clone(),
+            group: None,
+            reason: reason.into(),
+            operator: "test".into(),
+            dry_run,
+            force,
+            verify_within: Duration::from_secs(60),
+        };
+        let audits = || async {
+            Ok::<i64, anyhow::Error>(
+                sqlx::query_scalar("SELECT count(*) FROM replay_audit")
+                    .fetch_one(&env.pool)
+                    .await?,
+            )
+        };
+        assert!(matches!(
+            replay(&env.pool, &env.names, &producer, &req("  ", false, vec![])).await,
+            Err(ReplayError::NoReason)
+        ));
+        assert!(matches!(
+            replay(
+                &env.pool,
+                &env.names,
+                &producer,
+                &req("x", false, vec![Check::Schema])
+            )
+            .await,
+            Err(ReplayError::NotForceable(Check::Schema))
+        ));
+        let unknown = ReplayRequest {
+            message_id: MessageId::generate().to_string(),
+            ..req("x", false, vec![])
+        };
+        assert!(matches!(
+            replay(&env.pool, &env.names, &producer, &unknown).await,
+            Err(ReplayError::Unknown(_))
+        ));
+        assert_eq!(audits().await?, 0, "refused requests leave no audit row");
+
+        // A dry run: every check passes, nothing is sent, the audit says so.
+        let dry = replay(
+            &env.pool,
+            &env.names,
+            &producer,
+            &req("inventory row added", true, vec![]),
+        )
+        .await?;
+        assert_eq!(
+            (dry.decision, dry.outcome),
+            (ReplayDecision::DryRun, ReplayOutcome::NotSent)
+        );
+        assert!(
+            dry.checks.iter().all(|c| c.level == Level::Pass),
+            "{:#?}",
+            dry.checks
+        );
+
+        // Remove the fault, then replay for real: exactly one order.
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 5, 5)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        let done = replay(
+            &env.pool,
+            &env.names,
+            &producer,
+            &req("inventory row added", false, vec![]),
+        )
+        .await?;
+        assert_eq!(
+            (done.decision, done.outcome),
+            (ReplayDecision::Sent, ReplayOutcome::Verified),
+            "{done:#?}"
+        );
+        assert_eq!(done.replay_count, 1);
+        let one_effect = || async {
+            let n = |sql: &'static str| {
+                let pool = env.pool.clone();
+                async move { Ok::<i64, anyhow::Error>(sqlx::query_scalar(sql).fetch_one(&pool).await?) }
+            };
+            assert_eq!(n("SELECT count(*) FROM orders").await?, 1);
+            assert_eq!(n("SELECT count(*) FROM inventory_ledger").await?, 1);
+            assert_eq!(n("SELECT count(*) FROM consumer_inbox").await?, 1);
+            Ok::<(), anyhow::Error>(())
+        };
+        one_effect().await?;
+        let replay_id: Option<String> = sqlx::query_scalar("SELECT replay_id FROM consumer_inbox")
+            .fetch_one(&env.pool)
+            .await?;
+        assert_eq!(
+            replay_id.as_deref(),
+            Some(done.replay_id.as_str()),
+            "the lineage reached the inbox"
+        );
+        let e = &tickets::list_entries(&env.pool, Some(&group), None, None).await?[0];
+        assert_eq!((e.status, e.replay_count), (DlqEntryStatus::Verified, 1));
+
+        // Again: refused as already applied.
+        let again = replay(
+            &env.pool,
+            &env.names,
+            &producer,
+            &req("again", false, vec![]),
+        )
+        .await?;
+        assert_eq!(again.decision, ReplayDecision::Blocked);
+        assert!(
+            again
+                .checks
+                .iter()
+                .any(|c| c.check == Check::Inbox && c.level == Level::Block)
+        );
+        // Forced: sent, and the inbox makes it a no-op.
+        let forced = replay(
+            &env.pool,
+            &env.names,
+            &producer,
+            &req(
+                "forced on purpose",
+                false,
+                vec![Check::Inbox, Check::Order, Check::Ledger],
+            ),
+        )
+        .await?;
+        assert_eq!(
+            (forced.decision, forced.outcome),
+            (ReplayDecision::Sent, ReplayOutcome::Verified)
+        );
+        assert_eq!(forced.replay_count, 2);
+        one_effect().await?;
+        let outcomes: Vec<(String, String)> = sqlx::query_as(
+            "SELECT decision::text, outcome::text FROM replay_audit ORDER BY created_at",
+        )
+        .fetch_all(&env.pool)
+        .await?;
+        let outcomes: Vec<(&str, &str)> = outcomes
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        assert_eq!(
+            outcomes,
+            vec![
+                ("DRY_RUN", "NOT_SENT"),
+                ("SENT", "VERIFIED"),
+                ("BLOCKED", "NOT_SENT"),
+                ("SENT", "VERIFIED")
+            ]
+        );
+        consumer.shutdown().await;
+        producer.shutdown().await;
+
         // The ticket lifecycle.
         let t = tickets::get_ticket(&env.pool, &ticket)
             .await?
             .expect("ticket");
-        assert_eq!((t.status, t.messages, t.dead), (TicketStatus::Open, 1, 1));
+        assert_eq!(
+            (t.status, t.messages, t.dead),
+            (TicketStatus::Open, 1, 0),
+            "one message, replayed and verified"
+        );
         let t = tickets::apply(
             &env.pool,
             &ticket,

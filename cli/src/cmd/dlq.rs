@@ -1,15 +1,20 @@
 //! `seckillctl dlq list|show|ticket`: the dead messages the governor
 //! mirrored and the tickets that own them (DESIGN.md §9).
 
-use crate::exit::UsageError;
+use crate::exit::{Exit, UsageError};
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use chrono::Utc;
 use seckill_engine::config::Config;
 use seckill_engine::db;
+use seckill_engine::dlq::replay::{self, Check, ReplayError, ReplayReport, ReplayRequest};
 use seckill_engine::dlq::tickets::{self, ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction};
-use seckill_engine::status::{DlqEntryStatus, TicketStatus};
+use seckill_engine::mq::Names;
+use seckill_engine::mq::rocket::RocketProducer;
+use seckill_engine::runtime::ClientRuntime;
+use seckill_engine::status::{DlqEntryStatus, ReplayDecision, ReplayOutcome, TicketStatus};
 use serde::Serialize;
+use std::sync::Arc;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum DlqCmd {
@@ -35,6 +40,65 @@ pub enum DlqCmd {
     /// Tickets: one per (consumer group, error class) while not closed
     #[command(subcommand)]
     Ticket(TicketCmd),
+    /// Re-send a dead message with its ORIGINAL message_id, after pre-checks
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    #[arg(long)]
+    message_id: String,
+    /// Why this replay is safe now (recorded in replay_audit)
+    #[arg(long)]
+    reason: String,
+    /// Only when the message is dead in more than one group
+    #[arg(long)]
+    group: Option<String>,
+    /// Run the pre-checks and record them; send nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Turn a blocking check into a warning: inbox, order, compensation or ledger (repeatable)
+    #[arg(long)]
+    force: Vec<Check>,
+    /// Who is replaying [default: $USER]
+    #[arg(long)]
+    operator: Option<String>,
+    /// How long to wait for the consumer's verdict
+    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "60s")]
+    verify_within: std::time::Duration,
+    #[arg(long, short, value_enum, default_value_t)]
+    output: OutputFormat,
+}
+
+impl Tabular for ReplayReport {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["CHECK", "VERDICT", "EVIDENCE"]);
+        for v in &self.checks {
+            t.add_row([
+                v.check.to_string(),
+                format!("{:?}", v.level).to_uppercase(),
+                v.evidence.clone(),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        vec![format!(
+            "{} {} ({}, replay #{}): decision {}, outcome {}{}",
+            self.replay_id,
+            self.message_id,
+            self.consumer_group,
+            self.replay_count,
+            self.decision,
+            self.outcome,
+            if self.detail.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", self.detail)
+            }
+        )]
+    }
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -257,8 +321,11 @@ impl Tabular for TicketDetail {
     }
 }
 
-pub async fn run(cmd: DlqCmd, cfg: &Config) -> Result<()> {
+pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Exit> {
     let pool = db::connect(cfg).await?;
+    if let DlqCmd::Replay(args) = cmd {
+        return replay_one(args, cfg, &pool, rt).await;
+    }
     let out = &mut std::io::stdout().lock();
     match cmd {
         DlqCmd::List {
@@ -326,5 +393,49 @@ pub async fn run(cmd: DlqCmd, cfg: &Config) -> Result<()> {
             };
             render(out, output, &Tickets(vec![t]))
         }
+        DlqCmd::Replay(_) => unreachable!("handled above"),
     }
+    .map(|()| Exit::Ok)
+}
+
+async fn replay_one(
+    args: ReplayArgs,
+    cfg: &Config,
+    pool: &db::PgPool,
+    rt: Arc<ClientRuntime>,
+) -> Result<Exit> {
+    let names = Names::new(cfg.topic_prefix.clone());
+    let req = ReplayRequest {
+        message_id: args.message_id,
+        group: args.group,
+        reason: args.reason,
+        operator: args
+            .operator
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| "unknown".into()),
+        dry_run: args.dry_run,
+        force: args.force,
+        verify_within: args.verify_within,
+    };
+    let producer = RocketProducer::start(
+        rt,
+        &cfg.namesrv_addr,
+        &format!("{}PG_SECKILL_REPLAY_V1", names.prefix()),
+        std::time::Duration::from_millis(cfg.mq.send_timeout_ms),
+        cfg.mq.send_retries,
+    )
+    .await?;
+    let result = replay::replay(pool, &names, &producer, &req).await;
+    producer.shutdown().await;
+    let report = match result {
+        Ok(r) => r,
+        Err(e @ ReplayError::Db(_)) => return Err(e.into()),
+        Err(e) => return Err(UsageError(e.to_string()).into()),
+    };
+    render(&mut std::io::stdout().lock(), args.output, &report)?;
+    Ok(match (report.decision, report.outcome) {
+        (ReplayDecision::Blocked, _) => Exit::Warn,
+        (ReplayDecision::DryRun, _) | (_, ReplayOutcome::Verified) => Exit::Ok,
+        _ => Exit::Failure,
+    })
 }

@@ -9,9 +9,11 @@
 //!   VERIFIED → CLOSED as a pure transition table, and the reads the CLI
 //!   shows.
 //!
-//! Replay (with the original `message_id`) builds on these rows.
+//! - [`replay`]: guarded replay with the original `message_id`, pre-checks,
+//!   audit and verification.
 
 pub mod mirror;
+pub mod replay;
 pub mod tickets;
 
 pub use mirror::{MirrorReport, mirror_once};
