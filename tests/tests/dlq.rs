@@ -344,3 +344,92 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         Ok(())
     });
 }
+
+#[test]
+fn replaying_an_expired_reservation_warns_then_rejects_and_compensates_once() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(6), SkuId(2));
+        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+            .bind(activity)
+            .execute(&env.pool)
+            .await?;
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 5, 5)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        // A dead order whose reservation expired a minute ago, as the mirror
+        // would have left it.
+        let mut m = order_msg(activity, sku);
+        m.reservation_valid_until = Utc::now() - ChronoDuration::minutes(1);
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        sqlx::query(
+            "INSERT INTO dlq_messages (consumer_group, message_id, original_topic, broker_msg_id, dlq_queue_id,
+                                       dlq_queue_offset, body, properties, error_class, delivery_attempts, dead_at)
+             VALUES ($1, $2, $3, 'B', 0, 0, $4, $5, 'DB_TIMEOUT', 4, now())",
+        )
+        .bind(&group)
+        .bind(m.message_id.as_str())
+        .bind(&topic)
+        .bind(serde_json::to_vec(&m)?)
+        .bind(serde_json::json!({"TAGS": "CREATE_ORDER", "KEYS": m.reservation_id.as_str()}))
+        .execute(&env.pool)
+        .await?;
+        let consumer = RocketConsumer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &ConsumerSpec::new(group.clone(), topic.clone()),
+            Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
+        )
+        .await?;
+        let producer = RocketProducer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &env.names.producer_group(),
+            Duration::from_secs(3),
+            1,
+        )
+        .await?;
+        let req = ReplayRequest {
+            message_id: m.message_id.to_string(),
+            group: None,
+            reason: "DB timeout fixed".into(),
+            operator: "test".into(),
+            dry_run: false,
+            force: vec![],
+            verify_within: Duration::from_secs(60),
+        };
+        let r = replay(&env.pool, &env.names, &producer, &req).await?;
+        consumer.shutdown().await;
+        producer.shutdown().await;
+        let validity = r
+            .checks
+            .iter()
+            .find(|c| c.check == Check::Validity)
+            .expect("validity");
+        assert_eq!(validity.level, Level::Warn, "{validity:?}");
+        assert!(validity.evidence.contains("REJECTED_EXPIRED"));
+        assert_eq!(
+            (r.decision, r.outcome),
+            (ReplayDecision::Sent, ReplayOutcome::Verified),
+            "{r:#?}"
+        );
+        let outcome: String = sqlx::query_scalar("SELECT outcome::text FROM reservations")
+            .fetch_one(&env.pool)
+            .await?;
+        assert_eq!(outcome, "REJECTED_EXPIRED");
+        let n = |sql: &'static str| {
+            let pool = env.pool.clone();
+            async move { Ok::<i64, anyhow::Error>(sqlx::query_scalar(sql).fetch_one(&pool).await?) }
+        };
+        assert_eq!(n("SELECT count(*) FROM compensation_tasks").await?, 1);
+        assert_eq!(n("SELECT count(*) FROM orders").await?, 0);
+        assert_eq!(
+            n("SELECT available_stock FROM inventory").await?,
+            5,
+            "no stock taken"
+        );
+        Ok(())
+    });
+}
