@@ -6,7 +6,9 @@
 use anyhow::ensure;
 use chrono::{Duration as ChronoDuration, Utc};
 use seckill_engine::consume::OrderConsumer;
-use seckill_engine::dlq::replay::{Check, Level, ReplayError, ReplayRequest, replay};
+use seckill_engine::dlq::replay::{
+    BulkRequest, Check, Level, ReplayError, ReplayRequest, replay, replay_ticket,
+};
 use seckill_engine::dlq::tickets::{self, TicketAction, TicketError};
 use seckill_engine::dlq::{ApplyError, mirror_once};
 use seckill_engine::ids::{
@@ -429,6 +431,167 @@ fn replaying_an_expired_reservation_warns_then_rejects_and_compensates_once() {
             n("SELECT available_stock FROM inventory").await?,
             5,
             "no stock taken"
+        );
+        Ok(())
+    });
+}
+
+/// Dead order-create entries in one ticket, as the mirror leaves them.
+async fn dead_entries(
+    env: &seckill_tests::TestEnv,
+    ticket: &str,
+    activity: ActivityId,
+    sku: SkuId,
+    n: usize,
+) -> anyhow::Result<Vec<OrderCreateRequested>> {
+    let kind = TopicKind::OrderCreate;
+    let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+    // One live ticket per (group, class): each ticket of a test gets its own class.
+    let class = if ticket == "tkt_bulk" {
+        FailureClass::DbTimeout
+    } else {
+        FailureClass::DbDeadlock
+    };
+    sqlx::query(
+        "INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class) VALUES ($1, $2, $3)",
+    )
+    .bind(ticket)
+    .bind(&group)
+    .bind(class)
+    .execute(&env.pool)
+    .await?;
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut m = order_msg(activity, sku);
+        m.user_id = UserId(1_000 + i as i64 + 100_000 * ticket.len() as i64);
+        sqlx::query(
+            "INSERT INTO dlq_messages (consumer_group, message_id, ticket_id, original_topic, broker_msg_id,
+                                       dlq_queue_id, dlq_queue_offset, body, properties, error_class,
+                                       delivery_attempts, dead_at)
+             VALUES ($1, $2, $3, $4, 'B', 0, $5, $6, $7, 'DB_TIMEOUT', 4, now() + make_interval(secs => $5))",
+        )
+        .bind(&group)
+        .bind(m.message_id.as_str())
+        .bind(ticket)
+        .bind(&topic)
+        .bind(i as i64)
+        .bind(serde_json::to_vec(&m)?)
+        .bind(serde_json::json!({"TAGS": "CREATE_ORDER", "KEYS": m.reservation_id.as_str()}))
+        .execute(&env.pool)
+        .await?;
+        out.push(m);
+    }
+    Ok(out)
+}
+
+#[test]
+fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(8), SkuId(1));
+        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+            .bind(activity)
+            .execute(&env.pool)
+            .await?;
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 100, 100)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        dead_entries(&env, "tkt_bulk", activity, sku, 30).await?;
+        let kind = TopicKind::OrderCreate;
+        let consumer = RocketConsumer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &ConsumerSpec::new(env.names.group(kind), env.names.topic(kind)),
+            Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
+        )
+        .await?;
+        let producer = RocketProducer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &env.names.producer_group(),
+            Duration::from_secs(3),
+            1,
+        )
+        .await?;
+        let req = |ticket: &str| BulkRequest {
+            ticket: ticket.into(),
+            reason: "DB timeouts over".into(),
+            operator: "test".into(),
+            dry_run: false,
+            force: vec![],
+            rate_per_s: 20.0,
+            canary: 2,
+            verify_within: Duration::from_secs(60),
+        };
+        let r = replay_ticket(&env.pool, &env.names, &producer, &req("tkt_bulk")).await?;
+        assert_eq!((r.snapshot, r.halted.clone()), (30, None), "{r:#?}");
+        assert_eq!(r.entries.len(), 30, "an outcome for every entry");
+        assert!(
+            r.entries
+                .iter()
+                .all(|e| e.outcome == ReplayOutcome::Verified),
+            "{r:#?}"
+        );
+        let n = |sql: &'static str| {
+            let pool = env.pool.clone();
+            async move { Ok::<i64, anyhow::Error>(sqlx::query_scalar(sql).fetch_one(&pool).await?) }
+        };
+        assert_eq!(n("SELECT count(*) FROM orders").await?, 30);
+        let status: String =
+            sqlx::query_scalar("SELECT status::text FROM dlq_tickets WHERE ticket_id = 'tkt_bulk'")
+                .fetch_one(&env.pool)
+                .await?;
+        assert_eq!(status, "VERIFIED");
+        // The rate: the k-th paced send starts no earlier than k/20 s after the first.
+        let sent: Vec<chrono::DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT created_at FROM replay_audit WHERE decision = 'SENT' ORDER BY created_at OFFSET 2",
+        )
+        .fetch_all(&env.pool)
+        .await?;
+        assert_eq!(sent.len(), 28);
+        for (k, t) in sent.iter().enumerate() {
+            let since = (*t - sent[0]).num_milliseconds();
+            assert!(
+                since >= k as i64 * 50 - 5,
+                "send {k} came {since} ms after the first"
+            );
+        }
+
+        // Resumed: nothing DEAD is left, nothing is sent again.
+        let again = replay_ticket(&env.pool, &env.names, &producer, &req("tkt_bulk")).await?;
+        assert_eq!(
+            (again.snapshot, again.skipped.len(), again.entries.len()),
+            (0, 30, 0)
+        );
+        assert_eq!(n("SELECT count(*) FROM replay_audit").await?, 30);
+
+        // A canary that does not verify halts the run; the rest are listed, not sent.
+        let dead = dead_entries(&env, "tkt_canary", activity, sku, 3).await?;
+        sqlx::query("INSERT INTO consumer_inbox (consumer_group, message_id, status) VALUES ($1, $2, 'SUCCEEDED')")
+            .bind(env.names.group(kind))
+            .bind(dead[0].message_id.as_str())
+            .execute(&env.pool)
+            .await?;
+        let halted = replay_ticket(&env.pool, &env.names, &producer, &req("tkt_canary")).await?;
+        assert!(matches!(
+            replay_ticket(&env.pool, &env.names, &producer, &req("tkt_nope")).await,
+            Err(ReplayError::UnknownTicket(_))
+        ));
+        consumer.shutdown().await;
+        producer.shutdown().await;
+        assert!(halted.halted.is_some());
+        assert_eq!(halted.entries.len(), 3);
+        assert_eq!(halted.entries[0].decision, ReplayDecision::Blocked);
+        assert!(
+            halted.entries[1..]
+                .iter()
+                .all(|e| e.outcome == ReplayOutcome::NotSent && e.detail.contains("not attempted"))
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM orders").await?,
+            30,
+            "nothing of the halted ticket was applied"
         );
         Ok(())
     });

@@ -7,7 +7,9 @@ use anyhow::Result;
 use chrono::Utc;
 use seckill_engine::config::Config;
 use seckill_engine::db;
-use seckill_engine::dlq::replay::{self, Check, ReplayError, ReplayReport, ReplayRequest};
+use seckill_engine::dlq::replay::{
+    self, BulkReport, BulkRequest, Check, ReplayError, ReplayReport, ReplayRequest,
+};
 use seckill_engine::dlq::tickets::{self, ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction};
 use seckill_engine::mq::Names;
 use seckill_engine::mq::rocket::RocketProducer;
@@ -45,9 +47,20 @@ pub enum DlqCmd {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["message_id", "ticket"])))]
 pub struct ReplayArgs {
+    /// One dead message
     #[arg(long)]
-    message_id: String,
+    message_id: Option<String>,
+    /// Every DEAD entry of a ticket, as of now: canaries first, then the rest at --rate
+    #[arg(long, conflicts_with = "group")]
+    ticket: Option<String>,
+    /// With --ticket: sends per second at most, e.g. 20/s
+    #[arg(long, value_parser = parse_rate, default_value = "10/s")]
+    rate: f64,
+    /// With --ticket: entries replayed and verified one by one before the rest
+    #[arg(long, default_value_t = 1)]
+    canary: usize,
     /// Why this replay is safe now (recorded in replay_audit)
     #[arg(long)]
     reason: String,
@@ -398,6 +411,49 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
     .map(|()| Exit::Ok)
 }
 
+/// `20/s` or `20`: messages per second.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let n = s.trim().trim_end_matches("/s");
+    match n.parse::<f64>() {
+        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        _ => Err(format!("{s:?} is not a rate; write e.g. 20/s")),
+    }
+}
+
+impl Tabular for BulkReport {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["MESSAGE ID", "DECISION", "OUTCOME", "REPLAY", "DETAIL"]);
+        for r in &self.entries {
+            t.add_row([
+                r.message_id.clone(),
+                r.decision.to_string(),
+                r.outcome.to_string(),
+                r.replay_id.clone(),
+                r.detail.clone(),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        let verified = self
+            .entries
+            .iter()
+            .filter(|r| r.outcome == ReplayOutcome::Verified)
+            .count();
+        let mut lines = vec![format!(
+            "ticket {}: {} DEAD entr(ies) in the snapshot, {verified} verified; {} already replayed by an earlier run (skipped)",
+            self.ticket_id,
+            self.snapshot,
+            self.skipped.len()
+        )];
+        if let Some(h) = &self.halted {
+            lines.push(format!("HALTED: {h}"));
+        }
+        lines
+    }
+}
+
 async fn replay_one(
     args: ReplayArgs,
     cfg: &Config,
@@ -405,18 +461,11 @@ async fn replay_one(
     rt: Arc<ClientRuntime>,
 ) -> Result<Exit> {
     let names = Names::new(cfg.topic_prefix.clone());
-    let req = ReplayRequest {
-        message_id: args.message_id,
-        group: args.group,
-        reason: args.reason,
-        operator: args
-            .operator
-            .or_else(|| std::env::var("USER").ok())
-            .unwrap_or_else(|| "unknown".into()),
-        dry_run: args.dry_run,
-        force: args.force,
-        verify_within: args.verify_within,
-    };
+    let operator = args
+        .operator
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "unknown".into());
     let producer = RocketProducer::start(
         rt,
         &cfg.namesrv_addr,
@@ -425,6 +474,46 @@ async fn replay_one(
         cfg.mq.send_retries,
     )
     .await?;
+    if let Some(ticket) = args.ticket {
+        let req = BulkRequest {
+            ticket,
+            reason: args.reason,
+            operator,
+            dry_run: args.dry_run,
+            force: args.force,
+            rate_per_s: args.rate,
+            canary: args.canary,
+            verify_within: args.verify_within,
+        };
+        let result = replay::replay_ticket(pool, &names, &producer, &req).await;
+        producer.shutdown().await;
+        let report = match result {
+            Ok(r) => r,
+            Err(e @ ReplayError::Db(_)) => return Err(e.into()),
+            Err(e) => return Err(UsageError(e.to_string()).into()),
+        };
+        render(&mut std::io::stdout().lock(), args.output, &report)?;
+        let all_ok = report
+            .entries
+            .iter()
+            .all(|r| r.outcome == ReplayOutcome::Verified || r.decision == ReplayDecision::DryRun);
+        return Ok(if report.halted.is_some() {
+            Exit::Warn
+        } else if all_ok {
+            Exit::Ok
+        } else {
+            Exit::Failure
+        });
+    }
+    let req = ReplayRequest {
+        message_id: args.message_id.unwrap_or_default(),
+        group: args.group,
+        reason: args.reason,
+        operator,
+        dry_run: args.dry_run,
+        force: args.force,
+        verify_within: args.verify_within,
+    };
     let result = replay::replay(pool, &names, &producer, &req).await;
     producer.shutdown().await;
     let report = match result {

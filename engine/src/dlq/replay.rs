@@ -271,6 +271,12 @@ pub enum ReplayError {
     Ambiguous { id: String, groups: String },
     #[error("--force {0} is not allowed: that check protects data, not idempotency")]
     NotForceable(Check),
+    #[error("no ticket {0}; list them with `seckillctl dlq ticket list`")]
+    UnknownTicket(String),
+    #[error("ticket {0} is CLOSED; reopen work under a new ticket, or replay one --message-id")]
+    ClosedTicket(String),
+    #[error("--rate must be a positive number of messages per second, not {0}")]
+    BadRate(f64),
     #[error(transparent)]
     Db(#[from] sqlx::Error),
 }
@@ -390,13 +396,48 @@ pub async fn replay<P: Producer>(
     producer: &P,
     req: &ReplayRequest,
 ) -> Result<ReplayReport, ReplayError> {
-    if req.reason.trim().is_empty() {
+    validate(&req.reason, &req.force)?;
+    let mut p = prepare(pool, names, req).await?;
+    if p.report.decision == ReplayDecision::Sent && send(pool, producer, &mut p).await? {
+        p.report.outcome = verify(
+            pool,
+            &p.report.consumer_group,
+            &req.message_id,
+            &p.facts,
+            req.verify_within,
+        )
+        .await?;
+    }
+    finish(pool, &mut p).await?;
+    Ok(p.report)
+}
+
+fn validate(reason: &str, force: &[Check]) -> Result<(), ReplayError> {
+    if reason.trim().is_empty() {
         return Err(ReplayError::NoReason);
     }
-    if let Some(c) = req.force.iter().find(|c| !c.forceable()) {
+    if let Some(c) = force.iter().find(|c| !c.forceable()) {
         return Err(ReplayError::NotForceable(*c));
     }
-    let entries: Vec<Entry> = sqlx::query_as(
+    Ok(())
+}
+
+/// A replay between its pre-checks and its verdict.
+struct Prepared {
+    report: ReplayReport,
+    entry: Entry,
+    facts: Facts,
+    /// The send was CONFIRMED; the outcome waits for verification.
+    confirmed: bool,
+}
+
+/// Finds the entry, runs the pre-checks and opens the audit row.
+async fn prepare(
+    pool: &PgPool,
+    names: &Names,
+    req: &ReplayRequest,
+) -> Result<Prepared, ReplayError> {
+    let mut entries: Vec<Entry> = sqlx::query_as(
         "SELECT consumer_group, ticket_id, original_topic, body, properties, replay_count
          FROM dlq_messages WHERE message_id = $1 AND ($2::text IS NULL OR consumer_group = $2)",
     )
@@ -404,87 +445,98 @@ pub async fn replay<P: Producer>(
     .bind(&req.group)
     .fetch_all(pool)
     .await?;
-    let entry = match entries.len() {
-        0 => return Err(ReplayError::Unknown(req.message_id.clone())),
-        1 => &entries[0],
-        _ => {
-            return Err(ReplayError::Ambiguous {
-                id: req.message_id.clone(),
-                groups: entries
-                    .iter()
-                    .map(|e| e.consumer_group.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        }
-    };
+    if entries.len() > 1 {
+        return Err(ReplayError::Ambiguous {
+            id: req.message_id.clone(),
+            groups: entries
+                .iter()
+                .map(|e| e.consumer_group.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    let entry = entries
+        .pop()
+        .ok_or_else(|| ReplayError::Unknown(req.message_id.clone()))?;
     let group = entry.consumer_group.clone();
-    let facts = gather(pool, names, &group, &req.message_id, entry).await?;
+    let facts = gather(pool, names, &group, &req.message_id, &entry).await?;
     let checks = verdicts(&facts, &req.force);
     let decision = decide(&checks, req.dry_run);
-    let replay_id = format!("rpl_{}", ulid::Ulid::new());
-    let count = entry.replay_count + 1;
-    let mut report = ReplayReport {
-        replay_id: replay_id.clone(),
-        consumer_group: group.clone(),
+    let report = ReplayReport {
+        replay_id: format!("rpl_{}", ulid::Ulid::new()),
+        consumer_group: group,
         message_id: req.message_id.clone(),
         ticket_id: entry.ticket_id.clone(),
         checks,
         decision,
         outcome: ReplayOutcome::NotSent,
-        replay_count: count,
-        detail: String::new(),
+        replay_count: entry.replay_count + 1,
+        detail: match decision {
+            ReplayDecision::Blocked => "blocked by a pre-check; nothing was sent".into(),
+            ReplayDecision::DryRun => "dry run; nothing was sent".into(),
+            ReplayDecision::Sent => String::new(),
+        },
     };
     audit_open(pool, &report, req).await?;
-    if decision != ReplayDecision::Sent {
-        report.detail = match decision {
-            ReplayDecision::Blocked => "blocked by a pre-check; nothing was sent".into(),
-            _ => "dry run; nothing was sent".into(),
-        };
-        audit_close(pool, &report).await?;
-        return Ok(report);
-    }
+    Ok(Prepared {
+        report,
+        entry,
+        facts,
+        confirmed: false,
+    })
+}
 
+/// Marks the entry REPLAYING and sends it. True when CONFIRMED.
+async fn send<P: Producer>(
+    pool: &PgPool,
+    producer: &P,
+    p: &mut Prepared,
+) -> Result<bool, sqlx::Error> {
+    let (group, id) = (&p.report.consumer_group, &p.report.message_id);
     sqlx::query(
         "UPDATE dlq_messages SET status = 'REPLAYING', replay_count = $3
          WHERE consumer_group = $1 AND message_id = $2",
     )
-    .bind(&group)
-    .bind(&req.message_id)
-    .bind(count)
+    .bind(group)
+    .bind(id)
+    .bind(p.report.replay_count)
     .execute(pool)
     .await?;
-    let msg = replay_message(entry, &req.message_id, &replay_id, count);
+    let msg = replay_message(&p.entry, id, &p.report.replay_id, p.report.replay_count);
     match producer.send(msg, Duration::from_secs(3)).await {
         SendOutcome::Confirmed(r) => {
-            report.detail = format!("sent to {} as {}", entry.original_topic, r.broker_msg_id);
-            report.outcome =
-                verify(pool, &group, &req.message_id, &facts, req.verify_within).await?;
-            if report.outcome == ReplayOutcome::VerifyFailed {
-                report
-                    .detail
-                    .push_str("; not verified in time: check `seckillctl dlq show`");
-            }
+            p.report.detail = format!("sent to {} as {}", p.entry.original_topic, r.broker_msg_id);
+            p.confirmed = true;
         }
         SendOutcome::Unknown { detail, .. } => {
             // It may have been stored: the entry stays REPLAYING, and a
             // later replay with the same message_id is still safe.
-            report.outcome = ReplayOutcome::SendUnknown;
-            report.detail = format!("send outcome unknown: {detail}");
+            p.report.outcome = ReplayOutcome::SendUnknown;
+            p.report.detail = format!("send outcome unknown: {detail}");
         }
         SendOutcome::DefiniteFailure { detail, .. } => {
-            report.outcome = ReplayOutcome::SendFailed;
-            report.detail = format!("send failed: {detail}");
+            p.report.outcome = ReplayOutcome::SendFailed;
+            p.report.detail = format!("send failed: {detail}");
             sqlx::query(
                 "UPDATE dlq_messages SET status = 'DEAD' WHERE consumer_group = $1 AND message_id = $2",
             )
-            .bind(&group)
-            .bind(&req.message_id)
+            .bind(group)
+            .bind(id)
             .execute(pool)
             .await?;
         }
     }
-    let status = match report.outcome {
+    Ok(p.confirmed)
+}
+
+/// Records the verdict on the entry and closes the audit row.
+async fn finish(pool: &PgPool, p: &mut Prepared) -> Result<(), sqlx::Error> {
+    if p.report.outcome == ReplayOutcome::VerifyFailed {
+        p.report
+            .detail
+            .push_str("; not verified in time: check `seckillctl dlq show`");
+    }
+    let status = match p.report.outcome {
         ReplayOutcome::Verified => Some(DlqEntryStatus::Verified),
         ReplayOutcome::VerifyFailed => Some(DlqEntryStatus::Replayed),
         _ => None,
@@ -495,14 +547,186 @@ pub async fn replay<P: Producer>(
              SET status = $3, verified_at = CASE WHEN $3 = 'VERIFIED' THEN now() ELSE verified_at END
              WHERE consumer_group = $1 AND message_id = $2",
         )
-        .bind(&group)
-        .bind(&req.message_id)
+        .bind(&p.report.consumer_group)
+        .bind(&p.report.message_id)
         .bind(s)
         .execute(pool)
         .await?;
     }
-    audit_close(pool, &report).await?;
+    audit_close(pool, &p.report).await
+}
+
+/// A bulk replay of one ticket (DESIGN.md §9.3, `--ticket`).
+#[derive(Debug, Clone)]
+pub struct BulkRequest {
+    pub ticket: String,
+    pub reason: String,
+    pub operator: String,
+    pub dry_run: bool,
+    pub force: Vec<Check>,
+    /// Sends per second at most.
+    pub rate_per_s: f64,
+    /// Entries replayed and verified one by one before the rest go.
+    pub canary: usize,
+    pub verify_within: Duration,
+}
+
+/// Every entry of the snapshot with its outcome: nothing is dropped silently.
+#[derive(Debug, Clone, Serialize)]
+pub struct BulkReport {
+    pub ticket_id: String,
+    /// DEAD entries of the ticket when the command started.
+    pub snapshot: usize,
+    /// Entries a previous run already sent (resumed, not re-sent).
+    pub skipped: Vec<String>,
+    /// Why the run stopped early, if it did.
+    pub halted: Option<String>,
+    pub entries: Vec<ReplayReport>,
+}
+
+/// How long to wait before the `i`-th paced send (0-based) after the
+/// first, so at most `rate` go out per second (pure).
+pub fn pace(i: usize, rate_per_s: f64) -> Duration {
+    if rate_per_s <= 0.0 || !rate_per_s.is_finite() {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(i as f64 / rate_per_s)
+}
+
+/// Replays the DEAD entries of a ticket: the canaries first, each verified
+/// before the next; then the rest at the rate, verified after sending.
+/// Resumable: entries a previous run sent are no longer DEAD and are
+/// reported as skipped, never sent twice.
+pub async fn replay_ticket<P: Producer>(
+    pool: &PgPool,
+    names: &Names,
+    producer: &P,
+    req: &BulkRequest,
+) -> Result<BulkReport, ReplayError> {
+    validate(&req.reason, &req.force)?;
+    if !(req.rate_per_s > 0.0 && req.rate_per_s.is_finite()) {
+        return Err(ReplayError::BadRate(req.rate_per_s));
+    }
+    let status: Option<crate::status::TicketStatus> =
+        sqlx::query_scalar("SELECT status FROM dlq_tickets WHERE ticket_id = $1")
+            .bind(&req.ticket)
+            .fetch_optional(pool)
+            .await?;
+    match status {
+        None => return Err(ReplayError::UnknownTicket(req.ticket.clone())),
+        Some(crate::status::TicketStatus::Closed) => {
+            return Err(ReplayError::ClosedTicket(req.ticket.clone()));
+        }
+        Some(_) => {}
+    }
+    let all: Vec<(String, String, DlqEntryStatus)> = sqlx::query_as(
+        "SELECT consumer_group, message_id, status FROM dlq_messages
+         WHERE ticket_id = $1 ORDER BY dead_at, message_id",
+    )
+    .bind(&req.ticket)
+    .fetch_all(pool)
+    .await?;
+    let (snapshot, done): (Vec<_>, Vec<_>) = all
+        .into_iter()
+        .partition(|(_, _, s)| *s == DlqEntryStatus::Dead);
+    let mut report = BulkReport {
+        ticket_id: req.ticket.clone(),
+        snapshot: snapshot.len(),
+        skipped: done.into_iter().map(|(_, id, _)| id).collect(),
+        halted: None,
+        entries: Vec::new(),
+    };
+    if !req.dry_run && !snapshot.is_empty() {
+        set_ticket(pool, &req.ticket, "REPLAYING").await?;
+    }
+    let one = |group: &str, id: &str| ReplayRequest {
+        message_id: id.to_owned(),
+        group: Some(group.to_owned()),
+        reason: req.reason.clone(),
+        operator: req.operator.clone(),
+        dry_run: req.dry_run,
+        force: req.force.clone(),
+        verify_within: req.verify_within,
+    };
+    let canaries = req.canary.min(snapshot.len());
+    for (group, id, _) in &snapshot[..canaries] {
+        let r = replay(pool, names, producer, &one(group, id)).await?;
+        let ok = r.outcome == ReplayOutcome::Verified || r.decision == ReplayDecision::DryRun;
+        report.entries.push(r);
+        if !ok {
+            report.halted = Some(format!(
+                "canary {id} did not verify; the other {} entries were not sent",
+                snapshot.len() - report.entries.len()
+            ));
+            break;
+        }
+    }
+    let mut in_flight = Vec::new();
+    if report.halted.is_none() {
+        let started = Instant::now();
+        for (i, (group, id, _)) in snapshot[canaries..].iter().enumerate() {
+            tokio::time::sleep_until((started + pace(i, req.rate_per_s)).into()).await;
+            let mut p = prepare(pool, names, &one(group, id)).await?;
+            if p.report.decision == ReplayDecision::Sent {
+                send(pool, producer, &mut p).await?;
+            }
+            in_flight.push(p);
+        }
+    }
+    let deadline = Instant::now() + req.verify_within;
+    for mut p in in_flight {
+        if p.confirmed {
+            let left = deadline.saturating_duration_since(Instant::now());
+            p.report.outcome = verify(
+                pool,
+                &p.report.consumer_group,
+                &p.report.message_id,
+                &p.facts,
+                left,
+            )
+            .await?;
+        }
+        finish(pool, &mut p).await?;
+        report.entries.push(p.report);
+    }
+    // The halted rest: listed, never silently dropped.
+    for (group, id, _) in snapshot.iter().skip(report.entries.len()) {
+        report.entries.push(ReplayReport {
+            replay_id: String::new(),
+            consumer_group: group.clone(),
+            message_id: id.clone(),
+            ticket_id: Some(req.ticket.clone()),
+            checks: Vec::new(),
+            decision: ReplayDecision::Blocked,
+            outcome: ReplayOutcome::NotSent,
+            replay_count: 0,
+            detail: "not attempted: the canary failed".into(),
+        });
+    }
+    if !req.dry_run && report.halted.is_none() {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM dlq_messages WHERE ticket_id = $1 AND status <> 'VERIFIED'",
+        )
+        .bind(&req.ticket)
+        .fetch_one(pool)
+        .await?;
+        if open == 0 {
+            set_ticket(pool, &req.ticket, "VERIFIED").await?;
+        }
+    }
     Ok(report)
+}
+
+async fn set_ticket(pool: &PgPool, ticket: &str, status: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE dlq_tickets SET status = $2::ticket_status, updated_at = now()
+         WHERE ticket_id = $1 AND status <> 'CLOSED'",
+    )
+    .bind(ticket)
+    .bind(status)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Waits for the consumer's verdict (an inbox row past PROCESSING), then
@@ -668,6 +892,14 @@ mod tests {
         assert!(!Check::Mirrored.forceable() && !Check::Schema.forceable());
         assert_eq!("inbox".parse::<Check>(), Ok(Check::Inbox));
         assert!("nope".parse::<Check>().unwrap_err().contains("one of"));
+    }
+
+    #[test]
+    fn pacing_spaces_sends_by_the_rate() {
+        assert_eq!(pace(0, 20.0), Duration::ZERO);
+        assert_eq!(pace(1, 20.0), Duration::from_millis(50));
+        assert_eq!(pace(40, 20.0), Duration::from_secs(2));
+        assert_eq!(pace(5, 0.0), Duration::ZERO);
     }
 
     #[test]
