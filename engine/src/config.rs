@@ -37,12 +37,15 @@ pub struct Config {
 pub struct DlqConfig {
     /// How often every `%DLQ%<group>` is mirrored into `dlq_messages`.
     pub mirror_interval_ms: u64,
+    /// Where to POST each new ticket (JSON, `Idempotency-Key: <ticket_id>`).
+    pub webhook_url: Option<String>,
 }
 
 impl Default for DlqConfig {
     fn default() -> Self {
         Self {
             mirror_interval_ms: 2_000,
+            webhook_url: None,
         }
     }
 }

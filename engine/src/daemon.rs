@@ -179,6 +179,7 @@ pub async fn run(
         admin,
         pool.clone(),
         names.clone(),
+        cfg.dlq.webhook_url.clone(),
         Duration::from_millis(cfg.dlq.mirror_interval_ms.max(100)),
         &tracker,
         cancel.clone(),
@@ -288,10 +289,12 @@ fn spawn_governor(
     admin: RocketAdmin,
     pool: sqlx::PgPool,
     names: Names,
+    webhook: Option<String>,
     every: Duration,
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) {
+    let http = reqwest::Client::new();
     tracker.spawn(async move {
         loop {
             tokio::select! {
@@ -300,6 +303,11 @@ fn spawn_governor(
             }
             if let Err(e) = crate::dlq::mirror_once(&admin, &pool, &names).await {
                 tracing::warn!(error = %e, "DLQ mirror pass failed; retrying next interval");
+            }
+            if let Some(url) = &webhook
+                && let Err(e) = crate::dlq::webhook::deliver_pending(&pool, &http, url).await
+            {
+                tracing::warn!(error = %e, "ticket webhook pass failed; retrying next interval");
             }
         }
         admin.shutdown().await;

@@ -204,10 +204,47 @@ async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> 
     rows
 }
 
+/// The `DLQ > 0` alert (seed §28.3, DESIGN.md §9): degraded while any
+/// mirrored message is still dead. Left out when the schema cannot be read
+/// (the postgresql row already says why).
+async fn dlq_alert(cfg: &Config) -> Option<ComponentHealth> {
+    let started = Instant::now();
+    let counts = within(cfg.admin_timeout(), "PostgreSQL", async {
+        let pool = db::connect(cfg).await.map_err(|e| e.to_string())?;
+        let counts: (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(DISTINCT ticket_id) FROM dlq_messages WHERE status = 'DEAD'",
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+        pool.close().await;
+        Ok(counts)
+    })
+    .await
+    .ok()?;
+    let (state, detail) = match counts {
+        (0, _) => (HealthState::Up, None),
+        (dead, tickets) => (
+            HealthState::Degraded,
+            Some(format!(
+                "DLQ > 0: {dead} dead message(s) in {tickets} ticket(s); `seckillctl dlq ticket list`; runbook runbooks/dlq.md"
+            )),
+        ),
+    };
+    Some(row(
+        "alert: dlq",
+        "dlq_messages",
+        started,
+        Ok((format!("{} dead", counts.0), state, detail)),
+    ))
+}
+
 /// Probes everything concurrently.
 pub async fn check(cfg: &Config, rt: Arc<ClientRuntime>) -> HealthReport {
-    let (pg, rd, mq) = tokio::join!(postgres(cfg), redis(cfg), rocketmq(cfg, rt));
+    let (pg, rd, mq, dlq) =
+        tokio::join!(postgres(cfg), redis(cfg), rocketmq(cfg, rt), dlq_alert(cfg));
     let mut components = vec![pg, rd];
     components.extend(mq);
+    components.extend(dlq);
     HealthReport { components }
 }

@@ -133,6 +133,23 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         let again = mirror_once(&env.admin, &env.pool, &env.names).await?;
         assert_eq!((again.mirrored, again.opened.len()), (0, 0));
 
+        // The DLQ > 0 alert fires while the message is dead.
+        let alert = |report: seckill_engine::health::HealthReport| {
+            report
+                .components
+                .into_iter()
+                .find(|c| c.component == "alert: dlq")
+        };
+        let firing =
+            alert(seckill_engine::health::check(&env.cfg, env.rt.clone()).await).expect("dlq row");
+        assert_eq!(firing.state, seckill_engine::health::HealthState::Degraded);
+        assert!(
+            firing
+                .detail
+                .unwrap_or_default()
+                .contains("runbooks/dlq.md")
+        );
+
         // Replay. Bad requests write nothing and send nothing.
         let id = m.message_id.to_string();
         let req = |reason: &str, dry_run: bool, force: Vec<Check>| ReplayRequest {
@@ -233,6 +250,13 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         );
         let e = &tickets::list_entries(&env.pool, Some(&group), None, None).await?[0];
         assert_eq!((e.status, e.replay_count), (DlqEntryStatus::Verified, 1));
+        let quiet =
+            alert(seckill_engine::health::check(&env.cfg, env.rt.clone()).await).expect("dlq row");
+        assert_eq!(
+            quiet.state,
+            seckill_engine::health::HealthState::Up,
+            "{quiet:?}"
+        );
 
         // Again: refused as already applied.
         let again = replay(
@@ -593,6 +617,105 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             30,
             "nothing of the halted ticket was applied"
         );
+        Ok(())
+    });
+}
+
+/// A minimal HTTP endpoint: records each request, answers 500 to the first
+/// and 200 after, so the webhook's retry is exercised on a real socket.
+async fn flaky_tracker() -> anyhow::Result<(String, Arc<std::sync::Mutex<Vec<String>>>)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/tickets", listener.local_addr()?);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut got = 0;
+            // Read until the headers and the announced body are in.
+            loop {
+                let Ok(n) = sock.read(&mut buf[got..]).await else {
+                    break;
+                };
+                if n == 0 {
+                    break;
+                }
+                got += n;
+                let text = String::from_utf8_lossy(&buf[..got]).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if got >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let first = {
+                let mut s = log.lock().unwrap();
+                s.push(String::from_utf8_lossy(&buf[..got]).to_string());
+                s.len() == 1
+            };
+            let status = if first {
+                "500 Internal Server Error"
+            } else {
+                "200 OK"
+            };
+            let _ = sock
+                .write_all(
+                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+                .await;
+        }
+    });
+    Ok((url, seen))
+}
+
+#[test]
+fn a_new_ticket_is_posted_to_the_webhook_once_delivered_with_its_id_as_the_idempotency_key() {
+    run(Setup::Full, |env| async move {
+        let group = env.names.group(TopicKind::OrderCreate);
+        sqlx::query("INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class) VALUES ('tkt_hook', $1, 'DB_TIMEOUT')")
+            .bind(&group)
+            .execute(&env.pool)
+            .await?;
+        let (url, seen) = flaky_tracker().await?;
+        let http = reqwest::Client::new();
+        let delivered =
+            seckill_engine::dlq::webhook::deliver_pending(&env.pool, &http, &url).await?;
+        assert_eq!(delivered, 1);
+        let requests = seen.lock().unwrap().clone();
+        assert_eq!(requests.len(), 2, "one failure, one retry");
+        for r in &requests {
+            assert!(
+                r.to_ascii_lowercase().contains("idempotency-key: tkt_hook"),
+                "{r}"
+            );
+            assert!(
+                r.contains(r#""ticket_id":"tkt_hook""#)
+                    && r.contains(r#""error_class":"DB_TIMEOUT""#),
+                "{r}"
+            );
+        }
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT webhook_status FROM dlq_tickets WHERE ticket_id = 'tkt_hook'",
+        )
+        .fetch_one(&env.pool)
+        .await?;
+        assert_eq!(status.as_deref(), Some("DELIVERED 200"));
+        // Delivered tickets are not posted again.
+        assert_eq!(
+            seckill_engine::dlq::webhook::deliver_pending(&env.pool, &http, &url).await?,
+            0
+        );
+        assert_eq!(seen.lock().unwrap().len(), 2);
         Ok(())
     });
 }

@@ -15,6 +15,7 @@
 pub mod mirror;
 pub mod replay;
 pub mod tickets;
+pub mod webhook;
 
 pub use mirror::{MirrorReport, mirror_once};
 pub use tickets::{ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction, TicketError};
