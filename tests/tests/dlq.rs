@@ -634,10 +634,7 @@ async fn flaky_tracker() -> anyhow::Result<(String, Arc<std::sync::Mutex<Vec<Str
             let mut buf = vec![0u8; 16 * 1024];
             let mut got = 0;
             // Read until the headers and the announced body are in.
-            loop {
-                let Ok(n) = sock.read(&mut buf[got..]).await else {
-                    break;
-                };
+            while let Ok(n) = sock.read(&mut buf[got..]).await {
                 if n == 0 {
                     break;
                 }
