@@ -181,9 +181,13 @@ WITH ledger AS (
     FROM rejected x
     JOIN comp USING (reservation_id)
 ), order_outbox AS (
-    INSERT INTO event_outbox (message_id, topic, tag, message_key, payload, deliver_at)
-    SELECT *
-    FROM unnest(:out_mids::text[], :out_topics::text[], :out_tags::text[], :out_keys::text[], :out_payloads::jsonb[], :out_deliver_ats::timestamptz[])
+    -- A delayed cancel is claimed by the outbox a minute before it is due,
+    -- not during the burst that created it: the broker's timer store is
+    -- slow (about 64 deliveries/s) and every send competes with the orders.
+    -- If the timer then arrives late, the cancel sweep covers it.
+    INSERT INTO event_outbox (message_id, topic, tag, message_key, payload, deliver_at, next_attempt_at)
+    SELECT o.*, GREATEST(now(), o.deliver_at - interval '60 seconds')
+    FROM unnest(:out_mids::text[], :out_topics::text[], :out_tags::text[], :out_keys::text[], :out_payloads::jsonb[], :out_deliver_ats::timestamptz[]) AS o (message_id, topic, tag, message_key, payload, deliver_at)
 ), finished AS (
     UPDATE consumer_inbox b
     SET status = f.status, result_code = f.result_code, updated_at = now()

@@ -178,9 +178,13 @@ pub const FINISH: &str = r#"WITH ledger AS (
     FROM rejected x
     JOIN comp USING (reservation_id)
 ), order_outbox AS (
-    INSERT INTO event_outbox (message_id, topic, tag, message_key, payload, deliver_at)
-    SELECT *
-    FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::jsonb[], $21::timestamptz[])
+    -- A delayed cancel is claimed by the outbox a minute before it is due,
+    -- not during the burst that created it: the broker's timer store is
+    -- slow (about 64 deliveries/s) and every send competes with the orders.
+    -- If the timer then arrives late, the cancel sweep covers it.
+    INSERT INTO event_outbox (message_id, topic, tag, message_key, payload, deliver_at, next_attempt_at)
+    SELECT o.*, GREATEST(now(), o.deliver_at - interval '60 seconds')
+    FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::jsonb[], $21::timestamptz[]) AS o (message_id, topic, tag, message_key, payload, deliver_at)
 ), finished AS (
     UPDATE consumer_inbox b
     SET status = f.status, result_code = f.result_code, updated_at = now()
