@@ -254,33 +254,37 @@ fn spawn_sweeps(
             // broker's timer may deliver the cancels far too slowly (see
             // LifecycleConfig::cancel_grace_ms), and then this is the path.
             let grace = Duration::from_millis(cfg.cancel_grace_ms);
-            loop {
-                match crate::lifecycle::cancel::sweep_once(&pool, &names, grace, LIMIT, &stats)
-                    .await
-                {
-                    Ok(n) if n as i64 >= LIMIT && !cancel.is_cancelled() => continue,
-                    Ok(_) => break,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cancel sweep failed; retrying next interval");
-                        break;
-                    }
-                }
-            }
+            drain("cancel sweep", LIMIT, &cancel, || {
+                crate::lifecycle::cancel::sweep_once(&pool, &names, grace, LIMIT, &stats)
+            })
+            .await;
             let grace = Duration::from_millis(cfg.compensation_grace_ms);
-            loop {
-                match crate::lifecycle::compensate::sweep_once(&pool, &store, grace, LIMIT, &stats)
-                    .await
-                {
-                    Ok(n) if n as i64 >= LIMIT && !cancel.is_cancelled() => continue,
-                    Ok(_) => break,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "compensation sweep failed; retrying next interval");
-                        break;
-                    }
-                }
-            }
+            drain("compensation sweep", LIMIT, &cancel, || {
+                crate::lifecycle::compensate::sweep_once(&pool, &store, grace, LIMIT, &stats)
+            })
+            .await;
         }
     });
+}
+
+/// Runs `pass` again while it settles a full batch (and the daemon is not
+/// stopping); a failed pass waits for the next interval.
+async fn drain<F, Fut, E>(what: &str, limit: i64, cancel: &CancellationToken, mut pass: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<usize, E>>,
+    E: std::fmt::Display,
+{
+    loop {
+        match pass().await {
+            Ok(n) if n as i64 >= limit && !cancel.is_cancelled() => continue,
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} failed; retrying next interval");
+                break;
+            }
+        }
+    }
 }
 
 /// The DLQ governor (DESIGN.md §9.1): mirrors every seckill group's DLQ

@@ -25,6 +25,31 @@ use seckill_tests::{Setup, eventually, run};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The real order-create consumer on the real broker.
+async fn order_consumer(
+    env: &seckill_tests::TestEnv,
+    spec: ConsumerSpec,
+) -> anyhow::Result<RocketConsumer> {
+    Ok(RocketConsumer::start(
+        env.rt.clone(),
+        &env.cfg.namesrv_addr,
+        &spec,
+        Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
+    )
+    .await?)
+}
+
+async fn producer(env: &seckill_tests::TestEnv) -> anyhow::Result<RocketProducer> {
+    Ok(RocketProducer::start(
+        env.rt.clone(),
+        &env.cfg.namesrv_addr,
+        &env.names.producer_group(),
+        Duration::from_secs(3),
+        1,
+    )
+    .await?)
+}
+
 fn order_msg(activity: ActivityId, sku: SkuId) -> OrderCreateRequested {
     let rsv = ReservationId::generate();
     let now = Utc::now();
@@ -66,21 +91,8 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         env.admin.ensure_group(&group, 1).await?;
         let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
         spec.max_reconsume_times = 1;
-        let consumer = RocketConsumer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &spec,
-            Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
-        )
-        .await?;
-        let producer = RocketProducer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &env.names.producer_group(),
-            Duration::from_secs(3),
-            1,
-        )
-        .await?;
+        let consumer = order_consumer(&env, spec).await?;
+        let producer = producer(&env).await?;
         let m = order_msg(activity, sku);
         let sent = producer
             .send(to_outgoing(&m, &topic), Duration::from_secs(3))
@@ -402,21 +414,9 @@ fn replaying_an_expired_reservation_warns_then_rejects_and_compensates_once() {
         .bind(serde_json::json!({"TAGS": "CREATE_ORDER", "KEYS": m.reservation_id.as_str()}))
         .execute(&env.pool)
         .await?;
-        let consumer = RocketConsumer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &ConsumerSpec::new(group.clone(), topic.clone()),
-            Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
-        )
-        .await?;
-        let producer = RocketProducer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &env.names.producer_group(),
-            Duration::from_secs(3),
-            1,
-        )
-        .await?;
+        let consumer =
+            order_consumer(&env, ConsumerSpec::new(group.clone(), topic.clone())).await?;
+        let producer = producer(&env).await?;
         let req = ReplayRequest {
             message_id: m.message_id.to_string(),
             group: None,
@@ -523,21 +523,12 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             .await?;
         dead_entries(&env, "tkt_bulk", activity, sku, 30).await?;
         let kind = TopicKind::OrderCreate;
-        let consumer = RocketConsumer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &ConsumerSpec::new(env.names.group(kind), env.names.topic(kind)),
-            Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
+        let consumer = order_consumer(
+            &env,
+            ConsumerSpec::new(env.names.group(kind), env.names.topic(kind)),
         )
         .await?;
-        let producer = RocketProducer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &env.names.producer_group(),
-            Duration::from_secs(3),
-            1,
-        )
-        .await?;
+        let producer = producer(&env).await?;
         let req = |ticket: &str| BulkRequest {
             ticket: ticket.into(),
             reason: "DB timeouts over".into(),

@@ -411,6 +411,15 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
     .map(|()| Exit::Ok)
 }
 
+/// A database failure stays a failure; everything else is the operator's
+/// input (an unknown id or ticket, an empty reason): exit 64.
+fn replay_error(e: ReplayError) -> anyhow::Error {
+    match e {
+        ReplayError::Db(_) => e.into(),
+        other => UsageError(other.to_string()).into(),
+    }
+}
+
 /// `20/s` or `20`: messages per second.
 fn parse_rate(s: &str) -> Result<f64, String> {
     let n = s.trim().trim_end_matches("/s");
@@ -487,11 +496,7 @@ async fn replay_one(
         };
         let result = replay::replay_ticket(pool, &names, &producer, &req).await;
         producer.shutdown().await;
-        let report = match result {
-            Ok(r) => r,
-            Err(e @ ReplayError::Db(_)) => return Err(e.into()),
-            Err(e) => return Err(UsageError(e.to_string()).into()),
-        };
+        let report = result.map_err(replay_error)?;
         render(&mut std::io::stdout().lock(), args.output, &report)?;
         let all_ok = report
             .entries
@@ -516,11 +521,7 @@ async fn replay_one(
     };
     let result = replay::replay(pool, &names, &producer, &req).await;
     producer.shutdown().await;
-    let report = match result {
-        Ok(r) => r,
-        Err(e @ ReplayError::Db(_)) => return Err(e.into()),
-        Err(e) => return Err(UsageError(e.to_string()).into()),
-    };
+    let report = result.map_err(replay_error)?;
     render(&mut std::io::stdout().lock(), args.output, &report)?;
     Ok(match (report.decision, report.outcome) {
         (ReplayDecision::Blocked, _) => Exit::Warn,
