@@ -22,6 +22,8 @@ use seckill_engine::status::{
     DlqEntryStatus, FailureClass, ReplayDecision, ReplayOutcome, TicketStatus,
 };
 use seckill_tests::{Setup, eventually, run};
+use secrecy::ExposeSecret;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,20 +80,45 @@ fn order_msg(activity: ActivityId, sku: SkuId) -> OrderCreateRequested {
 #[test]
 fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
     run(Setup::Full, |env| async move {
-        // The poison: an order for a SKU with no inventory row. The consumer
-        // retries it (a configuration error, FailureClass UNKNOWN) and
-        // records each failure; the broker dead-letters it after 1 retry.
+        // The poison: a transient fault. Another transaction holds the SKU's
+        // inventory row, and the consumer's connections give up on a lock
+        // after 300 ms (DB_TIMEOUT), record each failure and ask for a retry;
+        // the broker dead-letters the message after 1 retry.
         let (activity, sku) = (ActivityId(5), SkuId(9));
         sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
             .bind(activity)
             .execute(&env.pool)
+            .await?;
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 5, 5)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        let mut holder = env.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM inventory WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE")
+            .bind(activity)
+            .bind(sku)
+            .execute(&mut *holder)
+            .await?;
+        let impatient = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(
+                sqlx::postgres::PgConnectOptions::from_str(env.cfg.database_url.expose_secret())?
+                    .options([("lock_timeout", "300ms")]),
+            )
             .await?;
         let kind = TopicKind::OrderCreate;
         let (topic, group) = (env.names.topic(kind), env.names.group(kind));
         env.admin.ensure_group(&group, 1).await?;
         let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
         spec.max_reconsume_times = 1;
-        let consumer = order_consumer(&env, spec).await?;
+        let consumer = RocketConsumer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &spec,
+            Arc::new(OrderConsumer::new(impatient, env.names.clone())),
+        )
+        .await?;
         let producer = producer(&env).await?;
         let m = order_msg(activity, sku);
         let sent = producer
@@ -117,7 +144,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         let (ticket, ticket_group, class) = report.opened[0].clone();
         assert_eq!(
             (ticket_group.as_str(), class),
-            (group.as_str(), FailureClass::Unknown)
+            (group.as_str(), FailureClass::DbTimeout)
         );
 
         let entries = tickets::list_entries(&env.pool, Some(&group), None, None).await?;
@@ -125,7 +152,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         let e = &entries[0];
         assert_eq!(e.message_id, m.message_id.as_str());
         assert_eq!(e.original_topic, topic);
-        assert_eq!(e.error_class, FailureClass::Unknown);
+        assert_eq!(e.error_class, FailureClass::DbTimeout);
         assert_eq!(e.delivery_attempts, 2, "first delivery and one retry");
         assert_eq!(e.status, DlqEntryStatus::Dead);
         assert_eq!(e.ticket_id.as_deref(), Some(ticket.as_str()));
@@ -137,7 +164,14 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         let detail = tickets::show_entries(&env.pool, m.message_id.as_str()).await?;
         assert_eq!(detail.len(), 1);
         assert_eq!(detail[0].failures.len(), 2, "{:?}", detail[0].failures);
-        assert!(detail[0].failures[0].detail.contains("no inventory row"));
+        assert!(
+            detail[0]
+                .failures
+                .iter()
+                .all(|f| f.error_class == FailureClass::DbTimeout),
+            "{:?}",
+            detail[0].failures
+        );
         assert_eq!(detail[0].inbox, None, "never applied");
         assert_eq!(detail[0].order_status, None);
 
@@ -223,11 +257,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         );
 
         // Remove the fault, then replay for real: exactly one order.
-        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 5, 5)")
-            .bind(activity)
-            .bind(sku)
-            .execute(&env.pool)
-            .await?;
+        holder.rollback().await?;
         let done = replay(
             &env.pool,
             &env.names,
