@@ -109,7 +109,8 @@ struct LifecycleSummary {
     orders_paid: i64,
     orders_canceled: i64,
     orders_unpaid: i64,
-    /// Cancels by the delayed message and by the sweep (engine counters).
+    /// Cancels by the delayed message and by the sweep: the engine's
+    /// counters since it started, across every activity it serves.
     canceled_by_timer_message: u64,
     canceled_by_sweep: u64,
     compensations_released: i64,
@@ -198,7 +199,7 @@ impl Tabular for Summary {
                 ),
             );
             row(
-                "canceled by timer message / by sweep",
+                "canceled by timer message / by sweep (engine-wide)",
                 format!("{} / {}", l.canceled_by_timer_message, l.canceled_by_sweep),
             );
             row(
