@@ -16,6 +16,7 @@
 //! comfy-table): `cargo tree -p seckill-engine` proves it.
 
 pub mod activity;
+pub mod backlog;
 pub mod config;
 pub mod consume;
 pub mod daemon;
