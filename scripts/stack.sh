@@ -135,10 +135,24 @@ up() {
   namesrv_up
   broker_up
   pg_setup
-  # Topics with the queue counts of DESIGN.md §3 and groups with retryMaxTimes.
-  # The broker registers with the nameserver a moment after it listens, so this retries.
-  seckillctl mq setup --wait 60s
+  mq_setup
   status
+}
+
+# Topics with the queue counts of DESIGN.md §3 and groups with retryMaxTimes.
+# The broker registers with the nameserver a moment after it listens, so this
+# waits. A broker of ours that listens but cannot register (rocketmq-rust
+# 1.0.0 was seen with its outgoing queue saturated, "transport.admission.
+# queue_saturated", after a large timer backlog) is restarted once.
+mq_setup() {
+  if seckillctl mq setup --wait 60s; then return; fi
+  if [ -f "$STARTED/broker" ]; then
+    log "the broker is not registered with the nameserver; restarting it once (see $STATE_DIR/broker/broker.log)"
+    stop_pid broker
+    broker_up
+    seckillctl mq setup --wait 90s && return
+  fi
+  die "topics and groups could not be created; see $STATE_DIR/broker/broker.log"
 }
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
