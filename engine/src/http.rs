@@ -277,12 +277,8 @@ async fn order_pay(
     let payment_id = body
         .and_then(|Json(b)| b.payment_id)
         .unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));
-    if payment_id.is_empty() || payment_id.len() > 128 {
-        return reject(
-            StatusCode::BAD_REQUEST,
-            "BAD_PAYMENT_ID",
-            "payment_id must be 1 to 128 characters",
-        );
+    if let Err(why) = order::check_payment_id(&payment_id) {
+        return reject(StatusCode::BAD_REQUEST, "BAD_PAYMENT_ID", why);
     }
     match order::pay(&state.pool, &state.names, &id, &payment_id).await {
         Ok(out) => {

@@ -15,7 +15,7 @@
 //! [`pay_refusal`]).
 
 use crate::consume::events::{
-    OrderEvent, RELEASE_RESERVATION_EVENT, ReleaseReservation, TAG_RELEASE_RESERVATION,
+    OrderEvent, RELEASE_RESERVATION_EVENT, ReleaseReservation, TAG_RELEASE_RESERVATION, json,
 };
 use crate::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId, UserId};
 use crate::message::SCHEMA_VERSION;
@@ -174,6 +174,15 @@ pub fn pay_refusal(order: Option<OrderRow>) -> PayOutcome {
                 PayOutcome::WindowClosed { order: Box::new(o) }
             }
         },
+    }
+}
+
+/// A payment id the pay endpoint and `seckillctl order pay` accept.
+pub fn check_payment_id(id: &str) -> Result<(), &'static str> {
+    if id.is_empty() || id.len() > 128 {
+        Err("payment_id must be 1 to 128 characters")
+    } else {
+        Ok(())
     }
 }
 
@@ -420,12 +429,6 @@ pub async fn insert_outbox(
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-/// Payloads are plain structs of strings, numbers and timestamps: they
-/// always serialize.
-fn json(v: &impl Serialize) -> serde_json::Value {
-    serde_json::to_value(v).expect("outbox payloads are plain data")
 }
 
 #[cfg(test)]

@@ -37,7 +37,8 @@ pub enum PublishError {
 /// Who sent it, in the body's `producer` field.
 pub const PRODUCER_NAME: &str = "seckill-engine";
 
-fn at_ms(ms: i64) -> DateTime<Utc> {
+/// Milliseconds since the epoch as a timestamp (now, if out of range).
+pub(crate) fn at_ms(ms: i64) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(ms)
         .single()
         .unwrap_or_else(Utc::now)

@@ -705,6 +705,17 @@ struct Scripted {
 }
 
 impl Scripted {
+    /// The business message id of every message it was asked to send.
+    fn message_ids(&self) -> Vec<String> {
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m.properties.iter().find(|p| p.0 == PROP_MESSAGE_ID))
+            .map(|p| p.1.clone())
+            .collect()
+    }
+
     fn outcome(&self) -> SendOutcome {
         if self.unknown {
             SendOutcome::Unknown {
@@ -794,20 +805,7 @@ fn the_outbox_publisher_claims_once_resends_unknown_with_the_same_id_and_sends_t
             count(&env, "SELECT count(*) FROM event_outbox WHERE status = 'PENDING' AND last_error LIKE 'UNKNOWN%' AND next_attempt_at > now()").await?,
             41
         );
-        let unknown_ids: HashSet<String> = unknown
-            .sent
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                m.properties
-                    .iter()
-                    .find(|p| p.0 == PROP_MESSAGE_ID)
-                    .unwrap()
-                    .1
-                    .clone()
-            })
-            .collect();
+        let unknown_ids: HashSet<String> = unknown.message_ids().into_iter().collect();
         assert_eq!(unknown_ids.len(), 41);
         sqlx::query("UPDATE event_outbox SET next_attempt_at = now()")
             .execute(&env.pool)
@@ -846,20 +844,7 @@ fn the_outbox_publisher_claims_once_resends_unknown_with_the_same_id_and_sends_t
             },
         );
         assert_eq!(a? + b?, 41);
-        let sent: Vec<String> = ok
-            .sent
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                m.properties
-                    .iter()
-                    .find(|p| p.0 == PROP_MESSAGE_ID)
-                    .unwrap()
-                    .1
-                    .clone()
-            })
-            .collect();
+        let sent: Vec<String> = ok.message_ids();
         assert_eq!(sent.len(), 41, "no row sent twice");
         assert_eq!(
             sent.iter().cloned().collect::<HashSet<_>>(),

@@ -100,8 +100,8 @@ pub async fn run(cmd: OrderCmd, cfg: &Config) -> Result<Exit> {
             output,
         } => {
             let payment_id = payment_id.unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));
-            if payment_id.is_empty() || payment_id.len() > 128 {
-                return Err(UsageError("--payment-id must be 1 to 128 characters".into()).into());
+            if let Err(why) = order::check_payment_id(&payment_id) {
+                return Err(UsageError(format!("--payment-id: {why}")).into());
             }
             let out = order::pay(&pool, &names, &order_id, &payment_id).await?;
             let (exit, hint) = match &out {

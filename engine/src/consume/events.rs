@@ -70,3 +70,9 @@ impl OrderEvent {
         }
     }
 }
+
+/// An outbox payload as JSON. Payloads are plain structs of strings,
+/// numbers and timestamps: they always serialize.
+pub(crate) fn json(v: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(v).expect("outbox payloads are plain data")
+}

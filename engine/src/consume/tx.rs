@@ -7,7 +7,7 @@
 
 use super::events::{
     ORDER_CREATED_EVENT, OrderEvent, RELEASE_RESERVATION_EVENT, ReleaseReservation,
-    TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION,
+    TAG_CANCEL_IF_UNPAID, TAG_ORDER_CREATED, TAG_RELEASE_RESERVATION, json,
 };
 use super::plan::{self, Allocation, Fresh, Screened};
 use super::{MessageOutcome, Parsed, ProcessError, RejectReason, sql};
@@ -370,12 +370,6 @@ struct Finish {
     inbox_msg: Vec<MessageId>,
     inbox_status: Vec<InboxStatus>,
     inbox_code: Vec<&'static str>,
-}
-
-/// Payloads are plain structs of strings, numbers and timestamps: they
-/// always serialize.
-fn json(v: &impl serde::Serialize) -> serde_json::Value {
-    serde_json::to_value(v).expect("outbox payloads are plain data")
 }
 
 impl Finish {

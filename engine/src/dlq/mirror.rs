@@ -8,8 +8,8 @@
 use super::new_ticket_id;
 use crate::mq::rocket::{MqError, RocketAdmin};
 use crate::mq::{IncomingMessage, Names, TopicKind, topics};
+use crate::publish::at_ms;
 use crate::status::FailureClass;
-use chrono::{DateTime, TimeZone, Utc};
 use sqlx::{PgPool, Postgres, Transaction};
 
 /// Messages read per pull.
@@ -49,12 +49,6 @@ pub fn original_topic(m: &IncomingMessage, group: &str) -> String {
         }
         _ => m.topic.clone(),
     }
-}
-
-fn at_ms(ms: i64) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(ms)
-        .single()
-        .unwrap_or_else(Utc::now)
 }
 
 /// One pass over every seckill group's DLQ.

@@ -142,7 +142,7 @@ fn rearm(
         topic: names.topic(TopicKind::OrderTimeout),
         tag: crate::consume::events::TAG_CANCEL_IF_UNPAID,
         key: msg.order_id.to_string(),
-        payload: serde_json::to_value(&next).expect("plain data"),
+        payload: crate::consume::events::json(&next),
         deliver_at: Some(expires_at),
     }
 }
