@@ -538,6 +538,33 @@ async fn dead_entries(
     Ok(out)
 }
 
+/// A producer that notes when each send leaves, for the rate check.
+#[derive(Clone)]
+struct Timed {
+    inner: RocketProducer,
+    at: Arc<std::sync::Mutex<Vec<std::time::Instant>>>,
+}
+
+impl Producer for Timed {
+    async fn send(
+        &self,
+        msg: seckill_engine::mq::OutgoingMessage,
+        timeout: Duration,
+    ) -> seckill_engine::mq::SendOutcome {
+        self.at.lock().unwrap().push(std::time::Instant::now());
+        self.inner.send(msg, timeout).await
+    }
+
+    async fn send_batch(
+        &self,
+        msgs: Vec<seckill_engine::mq::OutgoingMessage>,
+        timeout: Duration,
+    ) -> seckill_engine::mq::SendOutcome {
+        self.at.lock().unwrap().push(std::time::Instant::now());
+        self.inner.send_batch(msgs, timeout).await
+    }
+}
+
 #[test]
 fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending() {
     run(Setup::Full, |env| async move {
@@ -558,7 +585,10 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             ConsumerSpec::new(env.names.group(kind), env.names.topic(kind)),
         )
         .await?;
-        let producer = producer(&env).await?;
+        let producer = Timed {
+            inner: producer(&env).await?,
+            at: Default::default(),
+        };
         let req = |ticket: &str| BulkRequest {
             ticket: ticket.into(),
             reason: "DB timeouts over".into(),
@@ -588,18 +618,17 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
                 .fetch_one(&env.pool)
                 .await?;
         assert_eq!(status, "VERIFIED");
-        // The rate: the k-th paced send starts no earlier than k/20 s after the first.
-        let sent: Vec<chrono::DateTime<Utc>> = sqlx::query_scalar(
-            "SELECT created_at FROM replay_audit WHERE decision = 'SENT' ORDER BY created_at OFFSET 2",
-        )
-        .fetch_all(&env.pool)
-        .await?;
+        // The rate: after the 2 canaries, the k-th send leaves no earlier
+        // than k/20 s after the first paced one (timed at the producer).
+        let sent: Vec<std::time::Instant> = producer.at.lock().unwrap()[2..].to_vec();
         assert_eq!(sent.len(), 28);
+        // 1 ms of slack: the pacer reads the clock a moment before this
+        // wrapper does, for the first send as for every other.
         for (k, t) in sent.iter().enumerate() {
-            let since = (*t - sent[0]).num_milliseconds();
+            let since = t.duration_since(sent[0]).as_micros() as i64;
             assert!(
-                since >= k as i64 * 50 - 5,
-                "send {k} came {since} ms after the first"
+                since >= k as i64 * 50_000 - 1_000,
+                "send {k} came {since} µs after the first"
             );
         }
 
@@ -624,7 +653,7 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             Err(ReplayError::UnknownTicket(_))
         ));
         consumer.shutdown().await;
-        producer.shutdown().await;
+        producer.inner.shutdown().await;
         assert!(halted.halted.is_some());
         assert_eq!(halted.entries.len(), 3);
         assert_eq!(halted.entries[0].decision, ReplayDecision::Blocked);

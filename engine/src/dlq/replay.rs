@@ -398,7 +398,7 @@ pub async fn replay<P: Producer>(
 ) -> Result<ReplayReport, ReplayError> {
     validate(&req.reason, &req.force)?;
     let mut p = prepare(pool, names, req).await?;
-    if p.report.decision == ReplayDecision::Sent && send(pool, producer, &mut p).await? {
+    if p.report.decision == ReplayDecision::Sent && send(pool, producer, &mut p, None).await? {
         p.report.outcome = verify(
             pool,
             &p.report.consumer_group,
@@ -491,6 +491,7 @@ async fn send<P: Producer>(
     pool: &PgPool,
     producer: &P,
     p: &mut Prepared,
+    pacer: Option<&mut Pacer>,
 ) -> Result<bool, sqlx::Error> {
     let (group, id) = (&p.report.consumer_group, &p.report.message_id);
     sqlx::query(
@@ -503,6 +504,9 @@ async fn send<P: Producer>(
     .execute(pool)
     .await?;
     let msg = replay_message(&p.entry, id, &p.report.replay_id, p.report.replay_count);
+    if let Some(pacer) = pacer {
+        pacer.wait().await;
+    }
     match producer.send(msg, Duration::from_secs(3)).await {
         SendOutcome::Confirmed(r) => {
             p.report.detail = format!("sent to {} as {}", p.entry.original_topic, r.broker_msg_id);
@@ -584,13 +588,38 @@ pub struct BulkReport {
     pub entries: Vec<ReplayReport>,
 }
 
-/// How long to wait before the `i`-th paced send (0-based) after the
-/// first, so at most `rate` go out per second (pure).
+/// When the `i`-th paced send (0-based) may go, measured from the first,
+/// so at most `rate` go out per second (pure).
 pub fn pace(i: usize, rate_per_s: f64) -> Duration {
     if rate_per_s <= 0.0 || !rate_per_s.is_finite() {
         return Duration::ZERO;
     }
     Duration::from_secs_f64(i as f64 / rate_per_s)
+}
+
+/// Holds each broker send to its slot: the rate limits the sends
+/// themselves, so the schedule is anchored on the first one and the wait
+/// sits right before the producer call, after all database work.
+struct Pacer {
+    rate_per_s: f64,
+    first: Option<Instant>,
+    sent: usize,
+}
+
+impl Pacer {
+    fn new(rate_per_s: f64) -> Self {
+        Self {
+            rate_per_s,
+            first: None,
+            sent: 0,
+        }
+    }
+
+    async fn wait(&mut self) {
+        let first = *self.first.get_or_insert_with(Instant::now);
+        tokio::time::sleep_until((first + pace(self.sent, self.rate_per_s)).into()).await;
+        self.sent += 1;
+    }
 }
 
 /// Replays the DEAD entries of a ticket: the canaries first, each verified
@@ -663,12 +692,11 @@ pub async fn replay_ticket<P: Producer>(
     }
     let mut in_flight = Vec::new();
     if report.halted.is_none() {
-        let started = Instant::now();
-        for (i, (group, id, _)) in snapshot[canaries..].iter().enumerate() {
-            tokio::time::sleep_until((started + pace(i, req.rate_per_s)).into()).await;
+        let mut pacer = Pacer::new(req.rate_per_s);
+        for (group, id, _) in &snapshot[canaries..] {
             let mut p = prepare(pool, names, &one(group, id)).await?;
             if p.report.decision == ReplayDecision::Sent {
-                send(pool, producer, &mut p).await?;
+                send(pool, producer, &mut p, Some(&mut pacer)).await?;
             }
             in_flight.push(p);
         }
