@@ -5,12 +5,14 @@ use seckill_engine::daemon::DaemonError;
 use seckill_engine::db::DbError;
 use seckill_engine::redis_conn::RedisError;
 
-/// Process exit codes. `health` uses 0, 1 and 3 for up, degraded and unreachable
+/// Process exit codes. `health` uses 0, 1, 2 and 3 for ok, warn, critical and unreachable
 /// (so cron can branch on them); other commands use the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Ok = 0,
     Warn = 1,
+    /// `health`: a seed §28.3 alert is critical.
+    Critical = 2,
     Unreachable = 3,
     /// The schema is older (or newer) than this build.
     Schema = 4,

@@ -34,8 +34,17 @@ enum Command {
     /// Schema migrations
     #[command(subcommand)]
     Db(cmd::db::DbCmd),
-    /// Probe every component of the stack; exit 3 when one is unreachable
+    /// Every component and every seed §28.3 alert; exit 0 ok, 1 warn, 2 critical, 3 unreachable
     Health(cmd::health::HealthArgs),
+    /// Consumer lag per group: seconds, rates, drain ETA, verdict (DESIGN §10)
+    Backlog(cmd::observe::BacklogArgs),
+    /// Pending reservations per activity: oldest age, next retry, send attempts
+    Pending(cmd::observe::WindowArgs),
+    /// PostgreSQL pressure: the engine's pool and the server's activity
+    Pg(cmd::observe::WindowArgs),
+    /// Scaling advice from the seed §22.2 table
+    #[command(subcommand)]
+    Scale(cmd::observe::ScaleCmd),
     /// RocketMQ topics and consumer groups
     #[command(subcommand)]
     Mq(cmd::mq::MqCmd),
@@ -102,6 +111,10 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         match cli.command {
             Command::Db(c) => cmd::db::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Health(a) => cmd::health::run(a, &cfg, rt).await,
+            Command::Backlog(a) => cmd::observe::backlog(a, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Pending(a) => cmd::observe::pending(a, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Pg(a) => cmd::observe::pg(a, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Scale(c) => cmd::observe::scale(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Mq(c) => cmd::mq::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Config(a) => cmd::config::run(a, &cfg).map(|()| Exit::Ok),
             Command::Activity(c) => cmd::activity::run(c, &cfg).await.map(|()| Exit::Ok),

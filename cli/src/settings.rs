@@ -14,6 +14,7 @@ pub const ENV_REDIS_URL: &str = "SECKILL_REDIS_URL";
 pub const ENV_NAMESRV_ADDR: &str = "SECKILL_NAMESRV_ADDR";
 pub const ENV_TOPIC_PREFIX: &str = "SECKILL_TOPIC_PREFIX";
 pub const ENV_CONFIG: &str = "SECKILL_CONFIG";
+pub const ENV_ENGINE_URL: &str = "SECKILL_ENGINE_URL";
 
 /// Flags that override everything else.
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -33,6 +34,9 @@ pub struct ConfigFlags {
     /// Prefix for topics and consumer groups [env SECKILL_TOPIC_PREFIX]
     #[arg(long, global = true, value_name = "PREFIX")]
     pub topic_prefix: Option<String>,
+    /// A running engine's HTTP address, for engine-side figures [env SECKILL_ENGINE_URL]
+    #[arg(long, global = true, value_name = "URL")]
+    pub engine_url: Option<String>,
 }
 
 /// Builds the config from the real process environment and the working directory.
@@ -72,6 +76,9 @@ pub fn layer(flags: &ConfigFlags, env: &HashMap<String, String>, cwd: &Path) -> 
     }
     if let Some(v) = pick(&flags.topic_prefix, ENV_TOPIC_PREFIX) {
         cfg.topic_prefix = v;
+    }
+    if let Some(v) = pick(&flags.engine_url, ENV_ENGINE_URL) {
+        cfg.engine_url = v.trim_end_matches('/').to_owned();
     }
     validate(&cfg)?;
     Ok(cfg)

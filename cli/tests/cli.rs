@@ -73,6 +73,42 @@ fn health_reports_a_dead_nameserver_quickly_with_exit_3() {
 }
 
 #[test]
+fn health_lists_every_seed_alert_with_a_runbook_that_exists_and_a_missing_engine_exits_3() {
+    let (out, _) = seckillctl(&[
+        "--engine-url",
+        "http://127.0.0.1:1",
+        "health",
+        "--window",
+        "200ms",
+        "--output",
+        "json",
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(out.status.code(), Some(3), "{json}");
+    assert_eq!(json["worst"], "UNREACHABLE");
+    let engine = json["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["component"] == "engine")
+        .expect("engine row");
+    assert_eq!(engine["state"], "DOWN");
+    let alerts = json["alerts"].as_array().unwrap();
+    assert_eq!(alerts.len(), 8, "every seed §28.3 alert");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for a in alerts {
+        let runbook = a["runbook"].as_str().unwrap();
+        assert!(root.join(runbook).is_file(), "{runbook} is missing");
+    }
+    // Engine-side alerts have no data without an engine, and say so.
+    let tx = alerts
+        .iter()
+        .find(|a| a["metric"] == "order_tx_latency_seconds_p99")
+        .unwrap();
+    assert_eq!(tx["state"], "NO_DATA");
+}
+
+#[test]
 fn a_malformed_order_id_exits_64_and_names_the_format() {
     let (out, _) = seckillctl(&["order", "pay", "--order-id", "12345"]);
     assert_eq!(out.status.code(), Some(64));

@@ -64,7 +64,7 @@ pub enum Level {
 }
 
 /// Warning and critical thresholds of one metric (seed §28.3 defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 pub struct Thresholds {
     pub warn: f64,
     pub critical: f64,

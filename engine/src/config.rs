@@ -21,6 +21,9 @@ pub struct Config {
     /// First part of every Redis key (`<prefix>:{<activity>}:...`, DESIGN.md §4),
     /// so environments and tests never share keys.
     pub redis_prefix: String,
+    /// Where operator commands find a running engine's `/v1/stats` (engine-
+    /// side figures: in-flight, pool wait, transaction latency, send outcomes).
+    pub engine_url: String,
     pub pg: PgConfig,
     pub mq: MqConfig,
     pub publisher: PublisherConfig,
@@ -29,6 +32,41 @@ pub struct Config {
     pub outbox: OutboxConfig,
     pub lifecycle: LifecycleConfig,
     pub dlq: DlqConfig,
+    /// Seed §28.3 thresholds.
+    pub alerts: crate::alerts::AlertConfig,
+    pub governor: GovernorConfig,
+}
+
+/// The daemon's backlog governor (DESIGN.md §10): how often it samples
+/// lag, pending and the pool, for `/metrics`, admission control and the
+/// adaptive consumer concurrency.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GovernorConfig {
+    pub interval_ms: u64,
+    /// Refuse new reservations on the seed §22.2 last row.
+    pub admission_control: bool,
+    /// Clear ticks in a row before a tripped gate opens again.
+    pub recover_after_ticks: u32,
+    /// Adapt the order consumer's concurrency inside its budget.
+    pub adaptive_concurrency: bool,
+    /// Seed §22.1 inputs: order transactions PostgreSQL sustains (a load
+    /// test figure; default: the pool size) and the engine instances sharing it.
+    pub safe_pg_concurrency: Option<u32>,
+    pub instances: u32,
+}
+
+impl Default for GovernorConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 1_000,
+            admission_control: true,
+            recover_after_ticks: 3,
+            adaptive_concurrency: true,
+            safe_pg_concurrency: None,
+            instances: 1,
+        }
+    }
 }
 
 /// The DLQ governor (DESIGN.md §9).
@@ -170,6 +208,7 @@ impl Default for Config {
             namesrv_addr: "127.0.0.1:9876".to_owned(),
             topic_prefix: String::new(),
             redis_prefix: "seckill".to_owned(),
+            engine_url: "http://127.0.0.1:8080".to_owned(),
             pg: PgConfig::default(),
             mq: MqConfig::default(),
             publisher: PublisherConfig::default(),
@@ -178,6 +217,8 @@ impl Default for Config {
             outbox: OutboxConfig::default(),
             lifecycle: LifecycleConfig::default(),
             dlq: DlqConfig::default(),
+            alerts: crate::alerts::AlertConfig::default(),
+            governor: GovernorConfig::default(),
         }
     }
 }

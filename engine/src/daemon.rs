@@ -13,13 +13,15 @@
 use crate::config::Config;
 use crate::config::LifecycleConfig;
 use crate::consume::OrderConsumer;
+use crate::governor::Governor;
 use crate::http::{AppState, router};
 use crate::lifecycle::{CancelConsumer, CompensationConsumer, ProjectionConsumer};
 use crate::mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
 use crate::mq::{ConsumerSpec, Names, TopicKind};
+use crate::observe::Observer;
 use crate::reservation::ReservationStore;
 use crate::runtime::ClientRuntime;
-use crate::stats::{LifecycleStats, PublishStats};
+use crate::stats::{ConsumeStats, LifecycleStats, PublishStats};
 use crate::{db, outbox, publish, redis_conn, scan};
 use std::future::Future;
 use std::sync::Arc;
@@ -111,11 +113,19 @@ pub async fn run(
     spec.batch_max = cfg.consumer.batch_max;
     spec.pull_batch = cfg.consumer.batch_max.max(32);
     spec.max_reconsume_times = cfg.mq.max_reconsume_times;
+    // The governor's limiter gates each order transaction inside the
+    // budget the listener threads already respect (DESIGN.md §10).
+    let consume_stats = Arc::new(ConsumeStats::default());
+    let governor = Governor::new(&cfg);
     let consumer = RocketConsumer::start(
         rt.clone(),
         &cfg.namesrv_addr,
         &spec,
-        Arc::new(OrderConsumer::new(pool.clone(), names.clone())),
+        Arc::new(
+            OrderConsumer::new(pool.clone(), names.clone())
+                .with_stats(consume_stats.clone())
+                .with_limiter(governor.limiter.clone()),
+        ),
     )
     .await?;
 
@@ -196,16 +206,34 @@ pub async fn run(
 
     let ready = Arc::new(AtomicBool::new(true));
     let state = AppState {
-        store,
+        store: store.clone(),
         pool: pool.clone(),
         publisher,
         stats,
         lifecycle,
+        consume: consume_stats.clone(),
+        governor: governor.clone(),
         names: names.clone(),
         ready: ready.clone(),
         activities: Default::default(),
         first_retry_after_ms: cfg.scanner.first_retry_after_ms as i64,
     };
+    let observer = Observer::with_parts(
+        &cfg,
+        rt.clone(),
+        pool.clone(),
+        store,
+        RocketAdmin::start(rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?,
+    );
+    let view_of = state.clone();
+    crate::governor::spawn(
+        observer,
+        governor,
+        consume_stats,
+        move || view_of.stats_view(),
+        &tracker,
+        cancel.clone(),
+    );
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "engine serving");
     let stop = cancel.clone();

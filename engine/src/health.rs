@@ -239,6 +239,35 @@ async fn dlq_alert(cfg: &Config) -> Option<ComponentHealth> {
     ))
 }
 
+/// The engine daemon: its `/readyz` at `cfg.engine_url`. Not part of
+/// [`check`]: the stack is healthy without an engine between sales; the
+/// operator's `health` adds it.
+pub async fn engine(cfg: &Config) -> ComponentHealth {
+    let started = Instant::now();
+    let url = cfg.engine_url.clone();
+    let result = within(cfg.admin_timeout(), "the engine", async {
+        let http = reqwest::Client::new();
+        let resp = http
+            .get(format!("{url}/readyz"))
+            .send()
+            .await
+            .map_err(|e| {
+                format!("no engine answers ({e}); start one with `seckillctl engine run` or point --engine-url at it")
+            })?;
+        Ok(if resp.status().is_success() {
+            ("-".to_owned(), HealthState::Up, None)
+        } else {
+            (
+                "-".to_owned(),
+                HealthState::Degraded,
+                Some(format!("/readyz answered {} (starting or shutting down)", resp.status())),
+            )
+        })
+    })
+    .await;
+    row("engine", &url, started, result)
+}
+
 /// Probes everything concurrently.
 pub async fn check(cfg: &Config, rt: Arc<ClientRuntime>) -> HealthReport {
     let (pg, rd, mq, dlq) =

@@ -3,13 +3,14 @@
 //! touching Redis: a malformed request gets a 4xx with a reason and writes
 //! nothing.
 
+use crate::governor::Governor;
 use crate::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::message::TraceContext;
 use crate::mq::Names;
 use crate::order::{self, PayOutcome};
 use crate::publish::{Publisher, order_message};
 use crate::reservation::{ReservationStore, ReserveOutcome, ReserveRequest};
-use crate::stats::{LifecycleStats, Percentiles, PublishStats};
+use crate::stats::{ConsumeStats, LifecycleStats, Percentiles, PublishStats};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -29,6 +30,8 @@ pub struct AppState {
     pub publisher: Publisher,
     pub stats: Arc<PublishStats>,
     pub lifecycle: Arc<LifecycleStats>,
+    pub consume: Arc<ConsumeStats>,
+    pub governor: Arc<Governor>,
     pub names: Names,
     /// Set once every component has started; cleared on shutdown.
     pub ready: Arc<AtomicBool>,
@@ -47,6 +50,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/orders/{id}", get(order_show))
         .route("/v1/orders/{id}/pay", post(order_pay))
         .route("/v1/stats", get(stats))
+        .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state)
@@ -133,6 +137,16 @@ async fn reserve(
         Ok(r) => r,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_REQUEST_ID", e.to_string()),
     };
+    // Admission control (seed §22.2, last row): refuse rather than accept
+    // a reservation that would expire in the backlog.
+    if let Some(why) = state.governor.closed() {
+        state.governor.refused.add(1);
+        return reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ADMISSION_CLOSED",
+            format!("new reservations are paused: {why}"),
+        );
+    }
     let valid_for = match valid_for_ms(&state, activity).await {
         Ok(Some(v)) => v,
         Ok(None) => {
@@ -326,20 +340,131 @@ async fn order_show(State(state): State<AppState>, Path(id): Path<String>) -> Re
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatsView {
     pub publish_confirmed: u64,
     pub publish_unknown: u64,
     pub publish_definite_failure: u64,
     pub publish_batches: u64,
     pub scanner_resent: u64,
+    #[serde(default)]
+    pub resend: ResendView,
     pub send_latency: Percentiles,
     #[serde(default)]
     pub lifecycle: LifecycleView,
+    #[serde(default)]
+    pub consume: ConsumeView,
+    #[serde(default)]
+    pub pool: PoolView,
+    #[serde(default)]
+    pub governor: GovernorView,
+}
+
+/// The order-create consumer (seed §28.2). Percentiles cover the last
+/// [`crate::governor::SIGNAL_WINDOW`]; sums and counts are since start.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConsumeView {
+    pub inflight: i64,
+    pub acked: u64,
+    pub retried: u64,
+    pub created: u64,
+    pub duplicates: u64,
+    pub duplicate_reservation: u64,
+    pub rejected_no_stock: u64,
+    pub rejected_duplicate_user: u64,
+    pub rejected_expired: u64,
+    pub quarantined: u64,
+    pub deadlocks: u64,
+    pub serialization_failures: u64,
+    pub process: Percentiles,
+    pub process_sum_s: f64,
+    pub process_count: u64,
+    pub tx: Percentiles,
+    pub tx_sum_s: f64,
+    pub tx_count: u64,
+    pub pool_wait: Percentiles,
+    pub pool_wait_sum_s: f64,
+    pub pool_wait_count: u64,
+}
+
+impl ConsumeView {
+    pub fn of(c: &ConsumeStats) -> Self {
+        let w = crate::governor::SIGNAL_WINDOW;
+        Self {
+            inflight: c.inflight.get(),
+            acked: c.acked.get(),
+            retried: c.retried.get(),
+            created: c.created.get(),
+            duplicates: c.duplicates.get(),
+            duplicate_reservation: c.duplicate_reservation.get(),
+            rejected_no_stock: c.rejected_no_stock.get(),
+            rejected_duplicate_user: c.rejected_duplicate_user.get(),
+            rejected_expired: c.rejected_expired.get(),
+            quarantined: c.quarantined.get(),
+            deadlocks: c.deadlocks.get(),
+            serialization_failures: c.serialization_failures.get(),
+            process: c.process_latency.recent(w),
+            process_sum_s: c.process_latency.total_seconds(),
+            process_count: c.process_latency.total_count(),
+            tx: c.tx_latency.recent(w),
+            tx_sum_s: c.tx_latency.total_seconds(),
+            tx_count: c.tx_latency.total_count(),
+            pool_wait: c.pool_wait.recent(w),
+            pool_wait_sum_s: c.pool_wait.total_seconds(),
+            pool_wait_count: c.pool_wait.total_count(),
+        }
+    }
+}
+
+/// Scanner re-sends by outcome.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ResendView {
+    pub confirmed: u64,
+    pub unknown: u64,
+    pub definite_failure: u64,
+    pub expired: u64,
+}
+
+/// The engine's PostgreSQL pool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PoolView {
+    pub size: u32,
+    pub idle: u32,
+    pub max: u32,
+}
+
+/// Admission control and the adaptive concurrency (DESIGN.md §10).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GovernorView {
+    pub admission_open: bool,
+    pub admission_reason: Option<String>,
+    pub admission_trips: u64,
+    pub admission_recoveries: u64,
+    pub admission_refused: u64,
+    pub limit: u32,
+    pub budget: u32,
+}
+
+impl GovernorView {
+    pub fn of(g: &Governor) -> Self {
+        let a = g.admission();
+        Self {
+            admission_open: a.is_open(),
+            admission_reason: match a.gate {
+                crate::admission::Gate::Open => None,
+                crate::admission::Gate::Closed { reason, .. } => Some(reason),
+            },
+            admission_trips: a.trips,
+            admission_recoveries: a.recoveries,
+            admission_refused: g.refused.get(),
+            limit: g.limiter.limit(),
+            budget: g.limiter.budget(),
+        }
+    }
 }
 
 /// After-order counters (DESIGN.md §8), cancel no-ops by reason.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LifecycleView {
     pub outbox_sent: u64,
     pub outbox_unknown: u64,
@@ -381,21 +506,70 @@ impl LifecycleView {
 }
 
 impl StatsView {
-    pub fn of(s: &PublishStats, l: &LifecycleStats) -> Self {
+    pub fn of(
+        s: &PublishStats,
+        l: &LifecycleStats,
+        c: &ConsumeStats,
+        pool: &PgPool,
+        g: &Governor,
+    ) -> Self {
         Self {
             lifecycle: LifecycleView::of(l),
+            consume: ConsumeView::of(c),
+            pool: PoolView {
+                size: pool.size(),
+                idle: pool.num_idle() as u32,
+                max: pool.options().get_max_connections(),
+            },
+            governor: GovernorView::of(g),
             publish_confirmed: s.confirmed.get(),
             publish_unknown: s.unknown.get(),
             publish_definite_failure: s.definite_failure.get(),
             publish_batches: s.batches.get(),
             scanner_resent: s.resent.get(),
+            resend: ResendView {
+                confirmed: s.resend_confirmed.get(),
+                unknown: s.resend_unknown.get(),
+                definite_failure: s.resend_failed.get(),
+                expired: s.resend_expired.get(),
+            },
             send_latency: s.send_latency.percentiles(),
         }
     }
 }
 
+impl AppState {
+    pub fn stats_view(&self) -> StatsView {
+        StatsView::of(
+            &self.stats,
+            &self.lifecycle,
+            &self.consume,
+            &self.pool,
+            &self.governor,
+        )
+    }
+}
+
 async fn stats(State(state): State<AppState>) -> Json<StatsView> {
-    Json(StatsView::of(&state.stats, &state.lifecycle))
+    Json(state.stats_view())
+}
+
+/// Prometheus text format (seed §28.2 names).
+async fn metrics(State(state): State<AppState>) -> Response {
+    let body = crate::metrics::render(&crate::metrics::MetricsInput {
+        topic: state.names.topic(crate::mq::TopicKind::OrderCreate),
+        stats: &state.stats_view(),
+        publish_latency: &state.stats.send_latency,
+        tick: state.governor.last().as_deref(),
+    });
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

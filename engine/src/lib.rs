@@ -16,19 +16,25 @@
 //! comfy-table): `cargo tree -p seckill-engine` proves it.
 
 pub mod activity;
+pub mod admission;
+pub mod alerts;
 pub mod backlog;
+pub mod concurrency;
 pub mod config;
 pub mod consume;
 pub mod daemon;
 pub mod db;
 pub mod dlq;
 pub mod facts;
+pub mod governor;
 pub mod health;
 pub mod http;
 pub mod ids;
 pub mod lifecycle;
 pub mod message;
+pub mod metrics;
 pub mod mq;
+pub mod observe;
 pub mod order;
 pub mod outbox;
 pub mod publish;
@@ -37,6 +43,7 @@ pub mod redis_conn;
 pub mod reservation;
 pub mod reservation_status;
 pub mod runtime;
+pub mod scale;
 pub mod scan;
 pub mod stats;
 pub mod status;

@@ -120,6 +120,7 @@ async fn pass_activity<P: Producer>(
         settle_expired(deps, &order_message(r, TraceContext::generate())).await?;
     }
     deps.stats.resent.add(live.len() as u64);
+    deps.stats.resend_expired.add(expired.len() as u64);
     let mut workers = JoinSet::new();
     for chunk in live.chunks(deps.batch_max.max(1)) {
         // Bounded workers: at most `in_flight` sends at a time.
@@ -135,6 +136,12 @@ async fn pass_activity<P: Producer>(
         workers.spawn(async move {
             let batch: Vec<_> = msgs.iter().map(|(m, _)| m.clone()).collect();
             let outcome = send_batch(&deps.producer, &deps.topic, &batch, deps.send_timeout, &deps.stats).await;
+            let n = batch.len() as u64;
+            match &outcome {
+                SendOutcome::Confirmed(_) => deps.stats.resend_confirmed.add(n),
+                SendOutcome::Unknown { .. } => deps.stats.resend_unknown.add(n),
+                SendOutcome::DefiniteFailure { .. } => deps.stats.resend_failed.add(n),
+            }
             match &outcome {
                 SendOutcome::Confirmed(r) => {
                     let items: Vec<_> = batch

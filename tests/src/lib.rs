@@ -194,6 +194,54 @@ where
     }
 }
 
+/// A daemon (`seckillctl engine run`) inside the test, on an ephemeral port.
+pub struct Engine {
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Engine {
+    /// Starts it and waits until `/readyz` answers.
+    pub async fn start(env: &TestEnv, cfg: Config) -> Result<Engine> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let rt = env.rt.clone();
+        let done = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = rx.await;
+            };
+            if let Err(e) = seckill_engine::daemon::run(cfg, rt, listener, shutdown).await {
+                panic!("engine failed: {e}");
+            }
+        });
+        let url = format!("http://{addr}/readyz");
+        eventually(Duration::from_secs(30), "engine ready", || async {
+            Ok(reqwest::get(&url)
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+                .map(|_| ()))
+        })
+        .await?;
+        Ok(Engine {
+            addr,
+            stop: Some(tx),
+            done,
+        })
+    }
+
+    /// Stops it as SIGTERM would, and waits for it to finish.
+    pub async fn stop(mut self) -> Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(60), self.done).await??;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::url_with_database;

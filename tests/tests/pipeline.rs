@@ -16,12 +16,10 @@ use seckill_engine::mq::{
 };
 use seckill_engine::publish::{order_message, to_outgoing};
 use seckill_engine::reservation::{Reservation, ReservationStore, ReserveOutcome, ReserveRequest};
-use seckill_tests::{Setup, TestEnv, eventually, run};
-use std::net::SocketAddr;
+use seckill_tests::{Engine, Setup, TestEnv, eventually, run};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 const ACTIVITY: ActivityId = ActivityId(42);
 const SKU: SkuId = SkuId(7);
@@ -56,52 +54,11 @@ fn engine_cfg(env: &TestEnv, batch: usize) -> Config {
     cfg.scanner.interval_ms = 100;
     cfg.scanner.backoff_base_ms = 100;
     cfg.scanner.backoff_max_ms = 1_000;
+    // These tests are about the order path, not the governor: on a loaded
+    // 2-core CI box a short-validity test activity can look like the seed
+    // §22.2 last row and close ingress. tests/observe.rs tests that row.
+    cfg.governor.admission_control = false;
     cfg
-}
-
-struct Engine {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    done: tokio::task::JoinHandle<()>,
-}
-
-impl Engine {
-    async fn start(env: &TestEnv, cfg: Config) -> Result<Engine> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (tx, rx) = oneshot::channel::<()>();
-        let rt = env.rt.clone();
-        let done = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = rx.await;
-            };
-            if let Err(e) = seckill_engine::daemon::run(cfg, rt, listener, shutdown).await {
-                panic!("engine failed: {e}");
-            }
-        });
-        let url = format!("http://{addr}/readyz");
-        eventually(Duration::from_secs(30), "engine ready", || async {
-            Ok(reqwest::get(&url)
-                .await
-                .ok()
-                .filter(|r| r.status().is_success())
-                .map(|_| ()))
-        })
-        .await?;
-        Ok(Engine {
-            addr,
-            stop: Some(tx),
-            done,
-        })
-    }
-
-    async fn stop(mut self) -> Result<()> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(60), self.done).await??;
-        Ok(())
-    }
 }
 
 /// One order, one ledger row and one inbox row: the business effect
@@ -370,7 +327,7 @@ fn an_expired_reservation_is_rejected_once_with_one_compensation() {
 }
 
 async fn post(
-    addr: SocketAddr,
+    addr: std::net::SocketAddr,
     activity: &str,
     body: serde_json::Value,
 ) -> Result<(u16, serde_json::Value)> {

@@ -6,5 +6,6 @@ pub mod dlq;
 pub mod engine;
 pub mod health;
 pub mod mq;
+pub mod observe;
 pub mod order;
 pub mod reconcile;

@@ -26,11 +26,15 @@ pub use decide::{
     verdict,
 };
 
+use crate::concurrency::Limiter;
 use crate::ids::{ActivityId, OrderId, SkuId};
 use crate::message::{Malformed, OrderCreateRequested, parse_order_create};
 use crate::mq::{ConsumeVerdict, Handler, IncomingMessage, Names, PROP_REPLAY_ID, TopicKind};
+use crate::stats::ConsumeStats;
 use crate::status::{FailureClass, ReservationOutcome};
 use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// A valid order-create message with its delivery facts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +126,10 @@ pub struct OrderConsumer {
     pool: PgPool,
     group: String,
     names: Names,
+    stats: Arc<ConsumeStats>,
+    /// The adaptive gate inside the PostgreSQL budget (seed §22.3); none
+    /// means the listener threads are the only bound.
+    limiter: Option<Arc<Limiter>>,
 }
 
 impl OrderConsumer {
@@ -130,7 +138,25 @@ impl OrderConsumer {
             group: names.group(TopicKind::OrderCreate),
             pool,
             names,
+            stats: Arc::default(),
+            limiter: None,
         }
+    }
+
+    /// Counts into `stats` (the daemon's `/metrics`).
+    pub fn with_stats(mut self, stats: Arc<ConsumeStats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    /// Passes `limiter` before every transaction.
+    pub fn with_limiter(mut self, limiter: Arc<Limiter>) -> Self {
+        self.limiter = Some(limiter);
+        self
+    }
+
+    pub fn stats(&self) -> &Arc<ConsumeStats> {
+        &self.stats
     }
 
     /// The consumer group: the inbox namespace.
@@ -141,7 +167,38 @@ impl OrderConsumer {
     /// Runs the order transaction for `msgs` and commits it. One outcome per
     /// message, in input order. On error nothing was committed.
     pub async fn process(&self, msgs: &[Parsed]) -> Result<Vec<MessageOutcome>, ProcessError> {
-        tx::process(&self.pool, &self.group, &self.names, msgs).await
+        let _permit = match &self.limiter {
+            Some(l) => Some(l.acquire().await),
+            None => None,
+        };
+        let started = Instant::now();
+        let result = tx::process(&self.pool, &self.group, &self.names, msgs, &self.stats).await;
+        self.stats.tx_latency.record(started.elapsed());
+        match &result {
+            Ok(outcomes) => self.count(outcomes),
+            Err(e) => match failure_class(e) {
+                FailureClass::DbDeadlock => self.stats.deadlocks.add(1),
+                FailureClass::DbSerialization => self.stats.serialization_failures.add(1),
+                _ => {}
+            },
+        }
+        result
+    }
+
+    fn count(&self, outcomes: &[MessageOutcome]) {
+        let s = &self.stats;
+        for o in outcomes {
+            match o {
+                MessageOutcome::Created { .. } => s.created.add(1),
+                MessageOutcome::AlreadyProcessed => s.duplicates.add(1),
+                MessageOutcome::DuplicateReservation => s.duplicate_reservation.add(1),
+                MessageOutcome::Rejected(RejectReason::NoStock) => s.rejected_no_stock.add(1),
+                MessageOutcome::Rejected(RejectReason::DuplicateUser) => {
+                    s.rejected_duplicate_user.add(1)
+                }
+                MessageOutcome::Rejected(RejectReason::Expired) => s.rejected_expired.add(1),
+            }
+        }
     }
 
     /// Best effort: the failure is already on its way back to the broker.
@@ -239,6 +296,22 @@ impl Handler for OrderConsumer {
     /// redelivers the whole batch, and the inbox turns what was committed
     /// into no-ops.
     async fn handle(&self, batch: Vec<IncomingMessage>) -> ConsumeVerdict {
+        let n = batch.len() as u64;
+        let started = Instant::now();
+        self.stats.inflight.add(n as i64);
+        let verdict = self.handle_batch(batch).await;
+        self.stats.inflight.add(-(n as i64));
+        self.stats.process_latency.record(started.elapsed());
+        match verdict {
+            ConsumeVerdict::Ack => self.stats.acked.add(n),
+            ConsumeVerdict::Retry => self.stats.retried.add(n),
+        }
+        verdict
+    }
+}
+
+impl OrderConsumer {
+    async fn handle_batch(&self, batch: Vec<IncomingMessage>) -> ConsumeVerdict {
         let mut pending = Vec::with_capacity(batch.len());
         let mut bad = Vec::new();
         for m in &batch {
@@ -300,7 +373,10 @@ impl Handler for OrderConsumer {
         }
         if !bad.is_empty() {
             match quarantine(&self.pool, &self.group, &bad).await {
-                Ok(()) => decisions.extend(bad.into_iter().map(|(_, e)| Decision::Quarantine(e))),
+                Ok(()) => {
+                    self.stats.quarantined.add(bad.len() as u64);
+                    decisions.extend(bad.into_iter().map(|(_, e)| Decision::Quarantine(e)))
+                }
                 Err(e) => {
                     tracing::warn!(
                         group = %self.group,

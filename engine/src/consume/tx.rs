@@ -14,6 +14,7 @@ use super::{MessageOutcome, Parsed, ProcessError, RejectReason, sql};
 use crate::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId, UserId};
 use crate::message::{CANCEL_EVENT, CancelOrderIfUnpaid, OrderCreateRequested, SCHEMA_VERSION};
 use crate::mq::{Names, TopicKind};
+use crate::stats::ConsumeStats;
 use crate::status::{CompensationSource, InboxStatus, OrderStatus, ReservationOutcome};
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, Transaction};
@@ -27,6 +28,7 @@ pub(super) async fn process(
     group: &str,
     names: &Names,
     msgs: &[Parsed],
+    stats: &ConsumeStats,
 ) -> Result<Vec<MessageOutcome>, ProcessError> {
     let mut outcomes: Vec<Option<MessageOutcome>> = vec![None; msgs.len()];
 
@@ -48,7 +50,11 @@ pub(super) async fn process(
     batch.sort_by_key(|&i| (msgs[i].msg.reservation_created_at, i));
     let ordered: Vec<&Parsed> = batch.iter().map(|&i| &msgs[i]).collect();
 
+    // The wait for a pooled connection is what seed §22.1 warns about when
+    // consumers outnumber the PostgreSQL budget; it includes BEGIN's round trip.
+    let asked = std::time::Instant::now();
     let mut tx = pool.begin_with(sql::BEGIN).await?;
+    stats.pool_wait.record(asked.elapsed());
 
     // Round trip 1: inbox and reservation claims.
     let rows = inbox_and_claim(&mut tx, group, &ordered).await?;

@@ -201,6 +201,19 @@ pub struct Lag {
     pub seconds: f64,
 }
 
+/// [`Lag`] with what rates and the expiry view need.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LagDetail {
+    pub messages: i64,
+    pub seconds: f64,
+    /// Σ broker offsets over the queues: grows with every message produced.
+    pub broker_offsets: i64,
+    /// Σ consumer offsets: grows with every message consumed.
+    pub consumer_offsets: i64,
+    /// Unconsumed messages at the head of each queue (a bounded probe).
+    pub heads: Vec<IncomingMessage>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BrokerInfo {
     pub cluster: String,

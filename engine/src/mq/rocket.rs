@@ -4,8 +4,8 @@
 
 use super::classify::{DefiniteCause, FailureKind, UnknownCause, classify};
 use super::{
-    BrokerInfo, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Lag, OutgoingMessage,
-    Producer, SendOutcome, SendReceipt, StartFrom, TopicSpec, TopicType,
+    BrokerInfo, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Lag, LagDetail,
+    OutgoingMessage, Producer, SendOutcome, SendReceipt, StartFrom, TopicSpec, TopicType,
 };
 use rocketmq_client_rust::{
     BrokerAdmin, ClientError, ClientResult, ClientRuntime, ConsumeConcurrentlyContext,
@@ -525,14 +525,30 @@ impl RocketAdmin {
     }
 
     /// Lag of `group` on `topic` (DESIGN.md §10).
+    pub async fn lag(&self, topic: &str, group: &str) -> Result<Lag, MqError> {
+        let d = self.lag_detail(topic, group, 1).await?;
+        Ok(Lag {
+            messages: d.messages,
+            seconds: d.seconds,
+        })
+    }
+
+    /// Lag of `group` on `topic`, with the offset sums rates are computed
+    /// from and up to `probe` unconsumed messages at the head of each queue
+    /// (their bodies carry `reservation_valid_until`).
     ///
     /// `lag_seconds` is read from the message itself: for every queue with a
     /// backlog, the store time of the message at the consumer offset. The
     /// broker's `query_consume_time_span` reports 0 for queues whose offsets
     /// the group has not committed yet, which is exactly when a stuck
     /// consumer matters, so it is not used.
-    pub async fn lag(&self, topic: &str, group: &str) -> Result<Lag, MqError> {
-        let mut messages = 0i64;
+    pub async fn lag_detail(
+        &self,
+        topic: &str,
+        group: &str,
+        probe: i32,
+    ) -> Result<LagDetail, MqError> {
+        let mut d = LagDetail::default();
         let mut oldest_store_ms: Option<i64> = None;
         for broker in self.brokers().await? {
             let stats = bounded(
@@ -549,10 +565,12 @@ impl RocketAdmin {
             .await?;
             for (mq, w) in &stats.offset_table {
                 let (consumer, head) = (w.get_consumer_offset().max(0), w.get_broker_offset());
+                d.broker_offsets += head;
+                d.consumer_offsets += consumer.min(head);
                 if head <= consumer {
                     continue;
                 }
-                messages += head - consumer;
+                d.messages += head - consumer;
                 let pulled = self
                     .pull_at(
                         &broker.addr,
@@ -560,7 +578,7 @@ impl RocketAdmin {
                         mq.broker_name().as_str(),
                         mq.queue_id(),
                         consumer,
-                        1,
+                        probe.max(1),
                     )
                     .await?;
                 if let Some(m) = pulled.messages.first() {
@@ -569,15 +587,34 @@ impl RocketAdmin {
                             .map_or(m.store_timestamp_ms, |o| o.min(m.store_timestamp_ms)),
                     );
                 }
+                d.heads.extend(pulled.messages);
             }
         }
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        Ok(Lag {
-            messages,
-            seconds: oldest_store_ms.map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0),
-        })
+        d.seconds = oldest_store_ms.map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0);
+        Ok(d)
+    }
+
+    /// The broker's uptime in seconds, when its runtime stats report a
+    /// boot time (seed §22.2 "broker just recovered").
+    pub async fn broker_uptime_s(&self, addr: &str) -> Result<Option<f64>, MqError> {
+        let kv = bounded(
+            "broker runtime stats",
+            self.timeout,
+            self.inner
+                .fetch_broker_runtime_stats(addr.to_owned().into()),
+        )
+        .await?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        Ok(kv
+            .table
+            .get("bootTimestamp")
+            .and_then(|v| v.to_string().parse::<i64>().ok())
+            .map(|boot| (now_ms - boot).max(0) as f64 / 1000.0))
     }
 
     /// Min and max offsets of every queue of `topic` on every master.

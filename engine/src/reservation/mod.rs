@@ -96,6 +96,16 @@ impl FromStr for MqStatus {
     }
 }
 
+/// What `seckillctl pending` needs of one pending reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PendingEntry {
+    /// The scanner's next look (the pending set's score).
+    pub next_retry_at_ms: i64,
+    pub created_at_ms: i64,
+    pub send_attempt: u32,
+    pub valid_until_ms: i64,
+}
+
 /// One reservation hash, parsed. Empty strings in Redis are `None` here.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Reservation {

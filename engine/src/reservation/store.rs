@@ -1,8 +1,8 @@
 //! [`ReservationStore`]: the Redis side of DESIGN.md §4, one method per step.
 
 use super::{
-    Keys, MqStatus, OrderView, ReleaseOutcome, Reservation, ReservationError, ReserveOutcome,
-    ReserveRequest, SeedOutcome, activities_key, corrupt, physical_ttl_ms,
+    Keys, MqStatus, OrderView, PendingEntry, ReleaseOutcome, Reservation, ReservationError,
+    ReserveOutcome, ReserveRequest, SeedOutcome, activities_key, corrupt, physical_ttl_ms,
 };
 use crate::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId};
 use crate::status::OrderStatus;
@@ -432,6 +432,45 @@ impl ReservationStore {
             Some(r) => Ok(Some(r)),
             None => Err(corrupt(&pending, format!("member {id} has no hash"))),
         }
+    }
+
+    /// The send state of up to `cap` pending reservations, most overdue
+    /// first, for `seckillctl pending` and the expiry alert. Read-only; one
+    /// pipelined round trip for the hashes. A member whose hash is gone
+    /// (the physical TTL lapsed) is skipped, not fatal: this is a view.
+    pub async fn pending_entries(
+        &self,
+        activity: ActivityId,
+        cap: usize,
+    ) -> Result<Vec<PendingEntry>> {
+        let keys = self.keys(activity);
+        let pending = keys.pending();
+        let stop = cap.saturating_sub(1) as isize;
+        let members: Vec<(String, f64)> = self.conn().zrange_withscores(&pending, 0, stop).await?;
+        if members.is_empty() || cap == 0 {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (id, _) in &members {
+            pipe.cmd("HMGET")
+                .arg(format!("{}{id}", keys.rsv_prefix()))
+                .arg(&["created_at", "send_attempt", "valid_until"]);
+        }
+        let rows: Vec<(Option<i64>, Option<u32>, Option<i64>)> =
+            pipe.query_async(&mut self.conn()).await?;
+        Ok(members
+            .into_iter()
+            .zip(rows)
+            .filter_map(|((_, due), row)| match row {
+                (Some(created_at_ms), attempts, Some(valid_until_ms)) => Some(PendingEntry {
+                    next_retry_at_ms: due as i64,
+                    created_at_ms,
+                    send_attempt: attempts.unwrap_or(0),
+                    valid_until_ms,
+                }),
+                _ => None,
+            })
+            .collect())
     }
 
     /// Activities registered by [`Self::seed_stock`], in ascending order.

@@ -1,0 +1,480 @@
+//! `seckillctl backlog`, `pending`, `pg` and `scale advise` (DESIGN.md §10):
+//! read-only views over two samples a window apart, so every rate is a
+//! measured difference. The numbers come from `seckill_engine::observe`,
+//! the same functions the daemon and the TUI use.
+
+use crate::output::{OutputFormat, Tabular, new_table, render};
+use anyhow::Result;
+use seckill_engine::backlog::{Drain, Level};
+use seckill_engine::config::Config;
+use seckill_engine::observe::view::{self, BacklogRow, PendingRow, PgView};
+use seckill_engine::observe::{Observer, Sample, SourceError};
+use seckill_engine::runtime::ClientRuntime;
+use seckill_engine::scale::{self, Advice, ScaleInputs};
+use serde::Serialize;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WindowArgs {
+    /// Time between the two samples rates are computed from
+    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "1s")]
+    window: Duration,
+    #[arg(long, short, value_enum, default_value_t)]
+    output: OutputFormat,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BacklogArgs {
+    /// Only this consumer group (full name or a case-insensitive part of it)
+    #[arg(long)]
+    group: Option<String>,
+    /// Refresh in place every window until Ctrl-C (JSON: one line per refresh)
+    #[arg(long)]
+    watch: bool,
+    #[command(flatten)]
+    w: WindowArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ScaleCmd {
+    /// The seed §22.2 decision, from measured lag, PostgreSQL and expiry
+    Advise(ScaleArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ScaleArgs {
+    /// Order transactions PostgreSQL sustains (a load-test figure) [default: governor.safe_pg_concurrency, else pg.max_connections]
+    #[arg(long)]
+    safe_pg_concurrency: Option<u32>,
+    /// Share of that left to order creation [default: consumer.pg_share]
+    #[arg(long)]
+    order_share: Option<f64>,
+    /// Engine instances sharing the budget [default: governor.instances]
+    #[arg(long)]
+    instances: Option<u32>,
+    #[command(flatten)]
+    w: WindowArgs,
+}
+
+/// Two samples `window` apart.
+async fn two_samples(
+    cfg: &Config,
+    rt: Arc<ClientRuntime>,
+    window: Duration,
+) -> (Observer, Sample, Sample) {
+    let mut o = Observer::new(cfg, rt);
+    let first = o.sample().await;
+    tokio::time::sleep(window).await;
+    let second = o.sample().await;
+    (o, first, second)
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or("-".into(), |s| format!("{s:.1} s"))
+}
+
+fn per_s(v: Option<f64>) -> String {
+    v.map_or("-".into(), |r| format!("{r:.0}/s"))
+}
+
+fn level(l: Level) -> String {
+    format!("{l:?}").to_uppercase()
+}
+
+fn error_lines(errors: &[SourceError]) -> Vec<String> {
+    errors
+        .iter()
+        .map(|e| format!("{} unreadable: {}", e.source, e.error))
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+pub struct BacklogReport {
+    pub at_ms: i64,
+    pub groups: Vec<BacklogRow>,
+    pub errors: Vec<SourceError>,
+}
+
+impl Tabular for BacklogReport {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table([
+            "GROUP",
+            "LAG MSGS",
+            "LAG",
+            "RETRY",
+            "INFLIGHT",
+            "CONSUME",
+            "PRODUCE",
+            "DRAIN ETA",
+            "TO EXPIRY",
+            "VERDICT",
+        ]);
+        for r in &self.groups {
+            t.add_row([
+                r.group.clone(),
+                r.lag_messages.to_string(),
+                format!("{:.1} s", r.lag_seconds),
+                r.retry_lag_messages.to_string(),
+                r.inflight.map_or("-".into(), |i| i.to_string()),
+                per_s(r.consume_per_s),
+                per_s(r.produce_per_s),
+                match r.drain {
+                    None => "-".into(),
+                    Some(Drain::Empty) => "empty".into(),
+                    Some(Drain::In(s)) => format!("{s:.1} s"),
+                    Some(Drain::Never) => "never".into(),
+                },
+                secs(r.seconds_to_oldest_expiry),
+                level(r.verdict),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        let mut lines = error_lines(&self.errors);
+        if self.groups.iter().any(|r| r.verdict != Level::Ok) {
+            lines.push("lag over threshold: runbooks/consumer-lag.md; `seckillctl scale advise` for the lever".into());
+        }
+        lines
+    }
+}
+
+fn backlog_report(args: &BacklogArgs, prev: &Sample, cur: &Sample, o: &Observer) -> BacklogReport {
+    let needle = args.group.as_deref().map(str::to_lowercase);
+    BacklogReport {
+        at_ms: cur.at_ms,
+        groups: view::backlog(Some(prev), cur, o.names())
+            .into_iter()
+            .filter(|r| {
+                needle
+                    .as_deref()
+                    .is_none_or(|n| r.group.to_lowercase().contains(n))
+            })
+            .collect(),
+        errors: cur.errors.clone(),
+    }
+}
+
+pub async fn backlog(args: BacklogArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    let (mut o, mut prev, mut cur) = two_samples(cfg, rt, args.w.window).await;
+    loop {
+        let report = backlog_report(&args, &prev, &cur, &o);
+        if args.group.is_some() && report.groups.is_empty() && report.errors.is_empty() {
+            o.shutdown().await;
+            anyhow::bail!(crate::exit::UsageError(format!(
+                "no consumer group matches {:?}; `seckillctl backlog` lists them",
+                args.group.as_deref().unwrap_or_default()
+            )));
+        }
+        let mut out = std::io::stdout().lock();
+        match (args.watch, args.w.output) {
+            (false, f) => render(&mut out, f, &report)?,
+            (true, OutputFormat::Json) => {
+                serde_json::to_writer(&mut out, &report)?;
+                writeln!(out)?;
+            }
+            (true, OutputFormat::Table) => {
+                // Clear and home, then redraw: refresh in place.
+                write!(out, "\x1b[2J\x1b[H")?;
+                writeln!(
+                    out,
+                    "seckillctl backlog --watch  (every {:?}; Ctrl-C to stop)",
+                    args.w.window
+                )?;
+                render(&mut out, OutputFormat::Table, &report)?;
+            }
+        }
+        out.flush()?;
+        drop(out);
+        if !args.watch {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tokio::time::sleep(args.w.window) => {}
+        }
+        prev = cur;
+        cur = o.sample().await;
+    }
+    o.shutdown().await;
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+pub struct PendingReport {
+    pub activities: Vec<PendingRow>,
+    pub errors: Vec<SourceError>,
+}
+
+impl Tabular for PendingReport {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table([
+            "ACTIVITY",
+            "PENDING",
+            "OLDEST AGE",
+            "NEXT RETRY",
+            "TO EXPIRY",
+            "EXPIRING",
+            "SEND ATTEMPTS (attempt:count)",
+            "VERDICT",
+        ]);
+        for r in &self.activities {
+            let hist: Vec<String> = r.attempts.iter().map(|(a, n)| format!("{a}:{n}")).collect();
+            t.add_row([
+                r.activity_id.to_string(),
+                format!(
+                    "{}{}",
+                    r.count,
+                    if r.truncated { " (oldest sampled)" } else { "" }
+                ),
+                secs(r.oldest_age_s),
+                r.next_due_in_s.map_or("-".into(), |s| {
+                    if s < 0.0 {
+                        format!("overdue {:.1} s", -s)
+                    } else {
+                        format!("in {s:.1} s")
+                    }
+                }),
+                secs(r.seconds_to_oldest_expiry),
+                r.expiring.to_string(),
+                if hist.is_empty() {
+                    "-".into()
+                } else {
+                    hist.join(" ")
+                },
+                level(r.verdict),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        let mut lines = error_lines(&self.errors);
+        if self.activities.is_empty() && self.errors.is_empty() {
+            lines.push("no activity is seeded in Redis under this prefix".into());
+        }
+        if self.activities.iter().any(|r| r.verdict != Level::Ok) {
+            lines.push("pending too old: runbooks/pending-oldest-age.md".into());
+        }
+        lines
+    }
+}
+
+pub async fn pending(args: WindowArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    let mut o = Observer::new(cfg, rt);
+    let s = o.sample().await;
+    o.shutdown().await;
+    let report = PendingReport {
+        activities: view::pending(&s),
+        errors: s
+            .errors
+            .into_iter()
+            .filter(|e| e.source == "redis")
+            .collect(),
+    };
+    render(&mut std::io::stdout().lock(), args.output, &report)
+}
+
+#[derive(Debug, Serialize)]
+pub struct PgReport {
+    #[serde(flatten)]
+    pub view: PgView,
+    pub errors: Vec<SourceError>,
+}
+
+impl Tabular for PgReport {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["SIDE", "FIGURE", "VALUE"]);
+        let mut row = |side: &str, k: &str, v: String| {
+            t.add_row([side.to_owned(), k.to_owned(), v]);
+        };
+        match &self.view.pool {
+            Some(p) => {
+                row(
+                    "engine",
+                    "pool size / max",
+                    format!("{} / {}", p.size, p.max),
+                );
+                row("engine", "idle", p.idle.to_string());
+                row("engine", "in use", p.in_use.to_string());
+                row(
+                    "engine",
+                    "acquire wait p95",
+                    format!("{:.1} ms", p.acquire_wait_p95_ms),
+                );
+            }
+            None => row("engine", "pool", "no engine answered (see below)".into()),
+        }
+        row(
+            "engine",
+            "order tx p99",
+            self.view
+                .order_tx_p99_ms
+                .map_or("-".into(), |v| format!("{v:.1} ms")),
+        );
+        match &self.view.server {
+            Some(s) => {
+                row(
+                    "server",
+                    "connections / max",
+                    format!("{} / {}", s.connections, s.max_connections),
+                );
+                row("server", "active", s.active.to_string());
+                row(
+                    "server",
+                    "idle in transaction",
+                    s.idle_in_transaction.to_string(),
+                );
+                row("server", "lock waiters", s.lock_waiters.to_string());
+                row(
+                    "server",
+                    "WAL/IO wait share",
+                    format!("{:.0}%", s.io_wait_share * 100.0),
+                );
+                row("server", "commits", per_s(s.commits_per_s));
+                row(
+                    "server",
+                    "WAL bytes",
+                    s.wal_bytes_per_s
+                        .map_or("-".into(), |b| format!("{:.1} KiB/s", b / 1024.0)),
+                );
+                row(
+                    "server",
+                    "longest transaction",
+                    format!("{:.1} s", s.longest_tx_s),
+                );
+            }
+            None => row("server", "activity", "unreadable (see below)".into()),
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        error_lines(&self.errors)
+    }
+}
+
+pub async fn pg(args: WindowArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    let (o, prev, cur) = two_samples(cfg, rt, args.window).await;
+    o.shutdown().await;
+    let report = PgReport {
+        view: view::pg(Some(&prev), &cur),
+        errors: cur
+            .errors
+            .iter()
+            .filter(|e| e.source == "postgresql" || e.source == "engine")
+            .cloned()
+            .collect(),
+    };
+    render(&mut std::io::stdout().lock(), args.output, &report)
+}
+
+#[derive(Debug, Serialize)]
+pub struct ScaleReport {
+    pub inputs: ScaleInputs,
+    pub advice: Advice,
+    pub errors: Vec<SourceError>,
+}
+
+impl Tabular for ScaleReport {
+    fn table(&self) -> comfy_table::Table {
+        let i = &self.inputs;
+        let a = &self.advice;
+        let opt_ms = |v: Option<f64>| v.map_or("unmeasured".into(), |v| format!("{v:.1} ms"));
+        let mut t = new_table(["", "VALUE"]);
+        for (k, v) in [
+            (
+                "lag (order-create)",
+                format!(
+                    "{:.1} s, growing {:.0}/s → {:?}",
+                    i.lag_seconds, i.lag_growth_per_s, a.lag
+                ),
+            ),
+            ("drain", format!("{:?}", i.drain)),
+            ("to oldest valid_until", secs(i.seconds_to_oldest_expiry)),
+            ("expiring unconsumed", i.expiring.to_string()),
+            ("pool wait p95", opt_ms(i.pool_wait_p95_ms)),
+            ("order tx p99", opt_ms(i.tx_p99_ms)),
+            (
+                "WAL/IO wait share",
+                i.io_wait_share
+                    .map_or("unmeasured".into(), |s| format!("{:.0}%", s * 100.0)),
+            ),
+            (
+                "lock waiters / longest tx",
+                format!(
+                    "{} / {}",
+                    i.lock_waiters.map_or("-".into(), |w| w.to_string()),
+                    secs(i.longest_tx_s)
+                ),
+            ),
+            (
+                "broker uptime",
+                i.broker_uptime_s
+                    .map_or("not reported".into(), |u| format!("{u:.0} s")),
+            ),
+            ("PostgreSQL", format!("{:?}", a.pg)),
+            ("near expiry", a.near_expiry.to_string()),
+            (
+                "budget (seed §22.1)",
+                format!(
+                    "{} safe x {:.0}% order share = {} ; / {} instance(s) = {} per instance (now {})",
+                    i.budget.safe_pg_concurrency,
+                    i.budget.order_share * 100.0,
+                    a.budget.order_budget,
+                    i.budget.instances,
+                    a.budget.per_instance,
+                    i.budget.threads_per_instance
+                ),
+            ),
+            (
+                "row (seed §22.2)",
+                if a.row == 0 {
+                    "none".into()
+                } else {
+                    format!("{} — {:?}", a.row, a.action)
+                },
+            ),
+            ("why", a.why.clone()),
+            ("do", a.step.clone()),
+        ] {
+            t.add_row([k.to_owned(), v]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        error_lines(&self.errors)
+    }
+}
+
+pub async fn scale(cmd: ScaleCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    let ScaleCmd::Advise(args) = cmd;
+    let mut cfg = cfg.clone();
+    if let Some(v) = args.safe_pg_concurrency {
+        cfg.governor.safe_pg_concurrency = Some(v);
+    }
+    if let Some(v) = args.order_share {
+        if !(0.0..=1.0).contains(&v) {
+            anyhow::bail!(crate::exit::UsageError(format!(
+                "--order-share must be between 0 and 1 (e.g. 0.7 for 70%), not {v}"
+            )));
+        }
+        cfg.consumer.pg_share = v;
+    }
+    if let Some(v) = args.instances {
+        cfg.governor.instances = v.max(1);
+    }
+    let (o, prev, cur) = two_samples(&cfg, rt, args.w.window).await;
+    let inputs = view::scale_inputs(Some(&prev), &cur, &cfg, o.names());
+    o.shutdown().await;
+    let report = ScaleReport {
+        advice: scale::advise(&inputs),
+        inputs,
+        errors: cur.errors,
+    };
+    render(&mut std::io::stdout().lock(), args.w.output, &report)
+}

@@ -1,0 +1,476 @@
+//! What on-call looks at (DESIGN.md §10–11): one [`Sample`] of every
+//! source (consumer lag per group, Redis pending, PostgreSQL server
+//! activity, the DLQ, and a running engine's own counters), taken by an
+//! [`Observer`]. The [`view`] functions turn one or two samples into the
+//! rows `backlog`, `pending`, `pg`, `health`, `scale advise`, the TUI and
+//! the daemon's governor show; they are pure.
+//!
+//! A source that cannot be read becomes an entry in [`Sample::errors`],
+//! never a failed sample: a down component must not blank the whole screen.
+
+pub mod view;
+
+use crate::config::Config;
+use crate::http::StatsView;
+use crate::ids::ActivityId;
+use crate::message::parse_order_create;
+use crate::mq::rocket::RocketAdmin;
+use crate::mq::{Names, TopicKind};
+use crate::reservation::ReservationStore;
+use crate::runtime::ClientRuntime;
+use crate::{db, redis_conn};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Pending reservations read per activity; beyond it the view says so.
+pub const PENDING_SCAN_CAP: usize = 10_000;
+/// Unconsumed messages read per queue to find soon-to-expire reservations.
+pub const HEAD_PROBE: i32 = 32;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GroupSample {
+    pub group: String,
+    pub topic: String,
+    pub lag_messages: i64,
+    pub lag_seconds: f64,
+    /// Of which waiting in `%RETRY%<group>`.
+    pub retry_lag_messages: i64,
+    pub retry_lag_seconds: f64,
+    pub broker_offsets: i64,
+    pub consumer_offsets: i64,
+    /// Earliest `reservation_valid_until` among the probed unconsumed
+    /// order messages (order-create only).
+    pub oldest_valid_until_ms: Option<i64>,
+    /// Probed unconsumed order messages whose validity ends within the horizon.
+    pub expiring: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PendingSample {
+    pub activity_id: ActivityId,
+    pub count: u64,
+    pub oldest_created_ms: Option<i64>,
+    pub next_due_ms: Option<i64>,
+    pub oldest_valid_until_ms: Option<i64>,
+    /// Send attempts (scanner claims) → reservations.
+    pub attempts: BTreeMap<u32, u64>,
+    pub expiring: u64,
+    /// Fewer entries were read than exist (see [`PENDING_SCAN_CAP`]).
+    pub truncated: bool,
+}
+
+/// Server-side PostgreSQL activity; counters are cumulative.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PgServerSample {
+    pub active: i64,
+    pub idle_in_transaction: i64,
+    pub lock_waiters: i64,
+    /// Active backends waiting on WAL or data-file I/O.
+    pub io_waiters: i64,
+    pub longest_tx_s: f64,
+    pub max_connections: i64,
+    pub connections: i64,
+    pub commits: i64,
+    pub wal_bytes: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DlqSample {
+    pub dead: u64,
+    pub open_tickets: u64,
+    pub oldest_dead_age_s: Option<f64>,
+    /// Replay audit rows by outcome (`mq_dlq_replay_total{result}`).
+    pub replays: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SourceError {
+    pub source: String,
+    pub error: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sample {
+    pub at_ms: i64,
+    pub groups: Vec<GroupSample>,
+    pub pending: Vec<PendingSample>,
+    pub pg: Option<PgServerSample>,
+    pub dlq: Option<DlqSample>,
+    /// The running engine's own figures (`/v1/stats`).
+    pub engine: Option<StatsView>,
+    pub broker_uptime_s: Option<f64>,
+    pub errors: Vec<SourceError>,
+}
+
+impl Sample {
+    pub fn error(&self, source: &str) -> Option<&str> {
+        self.errors
+            .iter()
+            .find(|e| e.source == source)
+            .map(|e| e.error.as_str())
+    }
+}
+
+/// Holds a connection to each source; a source that was down is retried
+/// on the next sample.
+pub struct Observer {
+    cfg: Config,
+    names: Names,
+    rt: Arc<ClientRuntime>,
+    pool: Option<PgPool>,
+    store: Option<ReservationStore>,
+    admin: Option<RocketAdmin>,
+    http: reqwest::Client,
+    /// Read the engine over HTTP (operator commands); the daemon fills
+    /// [`Sample::engine`] itself.
+    read_engine: bool,
+    /// The daemon lends its pool: never close it from here.
+    owns_pool: bool,
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl Observer {
+    pub fn new(cfg: &Config, rt: Arc<ClientRuntime>) -> Self {
+        Self {
+            names: Names::new(cfg.topic_prefix.clone()),
+            cfg: cfg.clone(),
+            rt,
+            pool: None,
+            store: None,
+            admin: None,
+            http: reqwest::Client::builder()
+                .timeout(cfg.admin_timeout())
+                .build()
+                .unwrap_or_default(),
+            read_engine: true,
+            owns_pool: true,
+        }
+    }
+
+    /// For the daemon: reuse its connections and skip the HTTP read.
+    pub fn with_parts(
+        cfg: &Config,
+        rt: Arc<ClientRuntime>,
+        pool: PgPool,
+        store: ReservationStore,
+        admin: RocketAdmin,
+    ) -> Self {
+        let mut o = Self::new(cfg, rt);
+        o.pool = Some(pool);
+        o.store = Some(store);
+        o.admin = Some(admin);
+        o.read_engine = false;
+        o.owns_pool = false;
+        o
+    }
+
+    pub fn names(&self) -> &Names {
+        &self.names
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    async fn connect(&mut self, errors: &mut Vec<SourceError>) {
+        let err = |source: &str, e: String| SourceError {
+            source: source.into(),
+            error: e,
+        };
+        if self.pool.is_none() {
+            match db::connect_unchecked(&self.cfg).await {
+                Ok(p) => self.pool = Some(p),
+                Err(e) => errors.push(err("postgresql", e.to_string())),
+            }
+        }
+        if self.store.is_none() {
+            match redis_conn::connect(&self.cfg).await {
+                Ok(c) => self.store = Some(ReservationStore::new(c, self.cfg.redis_prefix.clone())),
+                Err(e) => errors.push(err("redis", e.to_string())),
+            }
+        }
+        if self.admin.is_none() {
+            match RocketAdmin::start(
+                self.rt.clone(),
+                &self.cfg.namesrv_addr,
+                self.cfg.admin_timeout(),
+            )
+            .await
+            {
+                Ok(a) => self.admin = Some(a),
+                Err(e) => errors.push(err("rocketmq", e.to_string())),
+            }
+        }
+    }
+
+    /// One sample of every source, each bounded by the admin timeout.
+    pub async fn sample(&mut self) -> Sample {
+        let mut errors = Vec::new();
+        self.connect(&mut errors).await;
+        let at_ms = now_ms();
+        let horizon_ms = (self.cfg.alerts.expiry_horizon_s * 1000.0) as i64;
+        let limit = self.cfg.admin_timeout();
+        let (groups, pending, pg, dlq, engine, uptime) = tokio::join!(
+            bounded(
+                limit,
+                groups(self.admin.as_ref(), &self.names, at_ms + horizon_ms)
+            ),
+            bounded(limit * 2, pending(self.store.as_ref(), at_ms + horizon_ms)),
+            bounded(limit, pg_server(self.pool.as_ref())),
+            bounded(limit, dlq(self.pool.as_ref())),
+            bounded(
+                limit,
+                engine(
+                    self.read_engine
+                        .then_some((&self.http, &self.cfg.engine_url))
+                )
+            ),
+            bounded(limit, broker_uptime(self.admin.as_ref())),
+        );
+        let e = &mut errors;
+        let groups = take(e, "rocketmq", groups).unwrap_or_default();
+        let pending = take(e, "redis", pending).unwrap_or_default();
+        let pg = take(e, "postgresql", pg);
+        let dlq = take(e, "dlq", dlq);
+        let engine = take(e, "engine", engine).flatten();
+        let broker_uptime_s = take(e, "broker uptime", uptime).flatten();
+        Sample {
+            at_ms,
+            groups,
+            pending,
+            pg,
+            dlq,
+            engine,
+            broker_uptime_s,
+            errors,
+        }
+    }
+
+    pub async fn shutdown(self) {
+        if let Some(a) = self.admin {
+            a.shutdown().await;
+        }
+        if let Some(p) = self.pool.filter(|_| self.owns_pool) {
+            p.close().await;
+        }
+    }
+}
+
+fn take<T>(errors: &mut Vec<SourceError>, source: &str, r: Result<T, String>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push(SourceError {
+                source: source.into(),
+                error: e,
+            });
+            None
+        }
+    }
+}
+
+async fn bounded<T>(
+    limit: Duration,
+    fut: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| Err(format!("did not answer within {limit:?}")))
+}
+
+const DOWN: &str = "not connected (see the component's own error)";
+
+/// Lag of every seckill group, with its `%RETRY%` topic.
+async fn groups(
+    admin: Option<&RocketAdmin>,
+    names: &Names,
+    expiring_before_ms: i64,
+) -> Result<Vec<GroupSample>, String> {
+    let admin = admin.ok_or(DOWN)?;
+    let mut out = Vec::new();
+    for kind in TopicKind::ALL {
+        let (topic, group) = (names.topic(kind), names.group(kind));
+        let probe = if kind == TopicKind::OrderCreate {
+            HEAD_PROBE
+        } else {
+            1
+        };
+        let main = admin
+            .lag_detail(&topic, &group, probe)
+            .await
+            .map_err(|e| format!("{group}: {e}"))?;
+        // The retry topic exists only once something was retried.
+        let retry = match admin
+            .lag_detail(&crate::mq::topics::retry_topic(&group), &group, 1)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) if e.is_missing_topic() => Default::default(),
+            Err(_) => Default::default(),
+        };
+        let valid_untils: Vec<i64> = if kind == TopicKind::OrderCreate {
+            main.heads
+                .iter()
+                .chain(&retry.heads)
+                .filter_map(|m| parse_order_create(&m.body).ok())
+                .map(|m| m.reservation_valid_until.timestamp_millis())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        out.push(GroupSample {
+            group,
+            topic,
+            lag_messages: main.messages + retry.messages,
+            lag_seconds: main.seconds.max(retry.seconds),
+            retry_lag_messages: retry.messages,
+            retry_lag_seconds: retry.seconds,
+            broker_offsets: main.broker_offsets + retry.broker_offsets,
+            consumer_offsets: main.consumer_offsets + retry.consumer_offsets,
+            oldest_valid_until_ms: valid_untils.iter().copied().min(),
+            expiring: valid_untils
+                .iter()
+                .filter(|v| **v <= expiring_before_ms)
+                .count() as u64,
+        });
+    }
+    Ok(out)
+}
+
+async fn pending(
+    store: Option<&ReservationStore>,
+    expiring_before_ms: i64,
+) -> Result<Vec<PendingSample>, String> {
+    let store = store.ok_or(DOWN)?;
+    let mut out = Vec::new();
+    for activity in store.activities().await.map_err(|e| e.to_string())? {
+        let count = store
+            .pending_count(activity)
+            .await
+            .map_err(|e| e.to_string())?;
+        let entries = store
+            .pending_entries(activity, PENDING_SCAN_CAP)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut attempts = BTreeMap::new();
+        for e in &entries {
+            *attempts.entry(e.send_attempt).or_insert(0) += 1;
+        }
+        out.push(PendingSample {
+            activity_id: activity,
+            count,
+            oldest_created_ms: entries.iter().map(|e| e.created_at_ms).min(),
+            next_due_ms: entries.iter().map(|e| e.next_retry_at_ms).min(),
+            oldest_valid_until_ms: entries.iter().map(|e| e.valid_until_ms).min(),
+            attempts,
+            expiring: entries
+                .iter()
+                .filter(|e| e.valid_until_ms <= expiring_before_ms)
+                .count() as u64,
+            truncated: (entries.len() as u64) < count,
+        });
+    }
+    Ok(out)
+}
+
+/// This database's backends (the engine's and its neighbours'); WAL is
+/// server-wide by nature.
+const PG_SERVER: &str = r#"
+SELECT
+  count(*) FILTER (WHERE state = 'active' AND pid <> pg_backend_pid()) AS active,
+  count(*) FILTER (WHERE state LIKE 'idle in transaction%') AS idle_in_transaction,
+  count(*) FILTER (WHERE wait_event_type = 'Lock') AS lock_waiters,
+  count(*) FILTER (WHERE state = 'active' AND (wait_event_type = 'IO' OR wait_event LIKE 'WAL%')) AS io_waiters,
+  COALESCE(EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start)
+           FILTER (WHERE pid <> pg_backend_pid())), 0)::float8 AS longest_tx_s,
+  current_setting('max_connections')::bigint AS max_connections,
+  count(*) AS connections,
+  (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())::bigint AS commits,
+  pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 AS wal_bytes
+FROM pg_stat_activity
+WHERE backend_type = 'client backend' AND datname = current_database()
+"#;
+
+async fn pg_server(pool: Option<&PgPool>) -> Result<PgServerSample, String> {
+    let pool = pool.ok_or(DOWN)?;
+    let r: (i64, i64, i64, i64, f64, i64, i64, Option<i64>, f64) = sqlx::query_as(PG_SERVER)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(PgServerSample {
+        active: r.0,
+        idle_in_transaction: r.1,
+        lock_waiters: r.2,
+        io_waiters: r.3,
+        longest_tx_s: r.4,
+        max_connections: r.5,
+        connections: r.6,
+        commits: r.7.unwrap_or(0),
+        wal_bytes: r.8,
+    })
+}
+
+async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, String> {
+    let pool = pool.ok_or(DOWN)?;
+    let (dead, oldest): (i64, Option<f64>) = sqlx::query_as(
+        "SELECT count(*), EXTRACT(EPOCH FROM now() - min(dead_at))::float8
+           FROM dlq_messages WHERE status = 'DEAD'",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| e.to_string())?;
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM dlq_tickets WHERE status <> 'CLOSED'")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    let replays: Vec<(String, i64)> =
+        sqlx::query_as("SELECT outcome::text, count(*) FROM replay_audit GROUP BY 1")
+            .fetch_all(pool)
+            .await
+            .map_err(|e| e.to_string())?;
+    Ok(DlqSample {
+        dead: dead as u64,
+        open_tickets: open as u64,
+        oldest_dead_age_s: oldest,
+        replays: replays.into_iter().map(|(k, v)| (k, v as u64)).collect(),
+    })
+}
+
+async fn engine(target: Option<(&reqwest::Client, &String)>) -> Result<Option<StatsView>, String> {
+    let Some((http, url)) = target else {
+        return Ok(None);
+    };
+    let resp = http
+        .get(format!("{url}/v1/stats"))
+        .send()
+        .await
+        .map_err(|e| format!("no engine answers at {url} ({e}); start one with `seckillctl engine run` or point --engine-url at it"))?;
+    if !resp.status().is_success() {
+        return Err(format!("{url}/v1/stats answered {}", resp.status()));
+    }
+    resp.json::<StatsView>().await.map(Some).map_err(|e| {
+        format!("{url}/v1/stats: unreadable answer ({e}); is it a seckill engine of this version?")
+    })
+}
+
+async fn broker_uptime(admin: Option<&RocketAdmin>) -> Result<Option<f64>, String> {
+    let admin = admin.ok_or(DOWN)?;
+    let brokers = admin.brokers().await.map_err(|e| e.to_string())?;
+    let mut youngest: Option<f64> = None;
+    for b in brokers {
+        if let Some(u) = admin
+            .broker_uptime_s(&b.addr)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            youngest = Some(youngest.map_or(u, |y: f64| y.min(u)));
+        }
+    }
+    Ok(youngest)
+}

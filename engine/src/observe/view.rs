@@ -1,0 +1,394 @@
+//! Pure views over one or two [`Sample`]s: rates come from the difference
+//! between consecutive samples, so every view is testable with literals.
+
+use super::{GroupSample, Sample};
+use crate::alerts::{AlertInputs, Ratio};
+use crate::backlog::{self, Drain, Level};
+use crate::config::Config;
+use crate::ids::ActivityId;
+use crate::mq::{Names, TopicKind};
+use crate::scale::{BudgetInputs, ScaleInputs};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+fn dt_s(prev: &Sample, cur: &Sample) -> Option<f64> {
+    let dt = (cur.at_ms - prev.at_ms) as f64 / 1000.0;
+    (dt > 0.0).then_some(dt)
+}
+
+fn rate(prev: i64, cur: i64, dt: f64) -> f64 {
+    // Offsets can move back when a topic is recreated: never a negative rate.
+    ((cur - prev) as f64 / dt).max(0.0)
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BacklogRow {
+    pub group: String,
+    pub topic: String,
+    pub lag_messages: i64,
+    pub lag_seconds: f64,
+    pub retry_lag_messages: i64,
+    /// Messages handed to the engine's handler and not yet answered
+    /// (order-create only, from a running engine).
+    pub inflight: Option<i64>,
+    pub consume_per_s: Option<f64>,
+    pub produce_per_s: Option<f64>,
+    /// Seed §20.2; unknown until two samples give rates.
+    pub drain: Option<Drain>,
+    pub seconds_to_oldest_expiry: Option<f64>,
+    pub verdict: Level,
+}
+
+pub fn backlog(prev: Option<&Sample>, cur: &Sample, names: &Names) -> Vec<BacklogRow> {
+    let order_group = names.group(TopicKind::OrderCreate);
+    cur.groups
+        .iter()
+        .map(|g| {
+            let before: Option<(&GroupSample, f64)> = prev.and_then(|p| {
+                let dt = dt_s(p, cur)?;
+                p.groups
+                    .iter()
+                    .find(|x| x.group == g.group)
+                    .map(|x| (x, dt))
+            });
+            let consume = before.map(|(b, dt)| rate(b.consumer_offsets, g.consumer_offsets, dt));
+            let produce = before.map(|(b, dt)| rate(b.broker_offsets, g.broker_offsets, dt));
+            let drain = match (consume, produce) {
+                _ if g.lag_messages <= 0 => Some(Drain::Empty),
+                (Some(c), Some(p)) => Some(backlog::drain(g.lag_messages as f64, c, p)),
+                _ => None,
+            };
+            let to_expiry = g
+                .oldest_valid_until_ms
+                .map(|v| (v - cur.at_ms) as f64 / 1000.0);
+            let is_order = g.group == order_group;
+            BacklogRow {
+                group: g.group.clone(),
+                topic: g.topic.clone(),
+                lag_messages: g.lag_messages,
+                lag_seconds: g.lag_seconds,
+                retry_lag_messages: g.retry_lag_messages,
+                inflight: is_order
+                    .then(|| cur.engine.as_ref().map(|e| e.consume.inflight))
+                    .flatten(),
+                consume_per_s: consume,
+                produce_per_s: produce,
+                drain,
+                seconds_to_oldest_expiry: to_expiry,
+                verdict: backlog::verdict(g.lag_seconds, drain.unwrap_or(Drain::Empty), to_expiry),
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingRow {
+    pub activity_id: ActivityId,
+    pub count: u64,
+    pub oldest_age_s: Option<f64>,
+    /// Negative: overdue for the scanner.
+    pub next_due_in_s: Option<f64>,
+    pub seconds_to_oldest_expiry: Option<f64>,
+    pub attempts: BTreeMap<u32, u64>,
+    pub expiring: u64,
+    pub truncated: bool,
+    pub verdict: Level,
+}
+
+pub fn pending(cur: &Sample) -> Vec<PendingRow> {
+    let secs = |ms: i64| ms as f64 / 1000.0;
+    cur.pending
+        .iter()
+        .map(|p| {
+            let age = p.oldest_created_ms.map(|c| secs(cur.at_ms - c).max(0.0));
+            PendingRow {
+                activity_id: p.activity_id,
+                count: p.count,
+                oldest_age_s: age,
+                next_due_in_s: p.next_due_ms.map(|d| secs(d - cur.at_ms)),
+                seconds_to_oldest_expiry: p.oldest_valid_until_ms.map(|v| secs(v - cur.at_ms)),
+                attempts: p.attempts.clone(),
+                expiring: p.expiring,
+                truncated: p.truncated,
+                verdict: backlog::PENDING_OLDEST_AGE.level(age.unwrap_or(0.0)),
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PoolRow {
+    pub size: u32,
+    pub idle: u32,
+    pub in_use: u32,
+    pub max: u32,
+    pub acquire_wait_p95_ms: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServerRow {
+    pub active: i64,
+    pub idle_in_transaction: i64,
+    pub lock_waiters: i64,
+    pub io_wait_share: f64,
+    pub commits_per_s: Option<f64>,
+    pub wal_bytes_per_s: Option<f64>,
+    pub longest_tx_s: f64,
+    pub connections: i64,
+    pub max_connections: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PgView {
+    /// The engine's pool (from a running engine).
+    pub pool: Option<PoolRow>,
+    pub order_tx_p99_ms: Option<f64>,
+    pub server: Option<ServerRow>,
+}
+
+pub fn pg(prev: Option<&Sample>, cur: &Sample) -> PgView {
+    let pool = cur.engine.as_ref().map(|e| PoolRow {
+        size: e.pool.size,
+        idle: e.pool.idle,
+        in_use: e.pool.size.saturating_sub(e.pool.idle),
+        max: e.pool.max,
+        acquire_wait_p95_ms: e.consume.pool_wait.p95_ms,
+    });
+    let server = cur.pg.as_ref().map(|s| {
+        let before = prev.and_then(|p| Some((p.pg.as_ref()?, dt_s(p, cur)?)));
+        ServerRow {
+            active: s.active,
+            idle_in_transaction: s.idle_in_transaction,
+            lock_waiters: s.lock_waiters,
+            io_wait_share: if s.active > 0 {
+                s.io_waiters as f64 / s.active as f64
+            } else {
+                0.0
+            },
+            commits_per_s: before.map(|(b, dt)| rate(b.commits, s.commits, dt)),
+            wal_bytes_per_s: before.map(|(b, dt)| ((s.wal_bytes - b.wal_bytes) / dt).max(0.0)),
+            longest_tx_s: s.longest_tx_s,
+            connections: s.connections,
+            max_connections: s.max_connections,
+        }
+    });
+    PgView {
+        pool,
+        order_tx_p99_ms: cur.engine.as_ref().map(|e| e.consume.tx.p99_ms),
+        server,
+    }
+}
+
+/// Unconsumed reservations near expiry: in Redis (not yet sent) and in
+/// the order-create backlog (sent, not yet consumed).
+pub fn expiring(s: &Sample) -> u64 {
+    s.pending.iter().map(|p| p.expiring).sum::<u64>()
+        + s.groups.iter().map(|g| g.expiring).sum::<u64>()
+}
+
+fn ratio(prev: Option<(u64, u64)>, cur: (u64, u64)) -> Ratio {
+    let (bad, total) = match prev {
+        Some((pb, pt)) => (cur.0.saturating_sub(pb), cur.1.saturating_sub(pt)),
+        None => cur,
+    };
+    Ratio { bad, total }
+}
+
+pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
+    let rocket_ok = cur.error("rocketmq").is_none();
+    let redis_ok = cur.error("redis").is_none();
+    let pending_age = redis_ok.then(|| {
+        cur.pending
+            .iter()
+            .filter_map(|p| p.oldest_created_ms)
+            .map(|c| ((cur.at_ms - c) as f64 / 1000.0).max(0.0))
+            .fold(0.0, f64::max)
+    });
+    let engine_before = prev.and_then(|p| p.engine.as_ref());
+    let sends = |e: &crate::http::StatsView| {
+        (
+            e.publish_unknown,
+            e.publish_confirmed + e.publish_unknown + e.publish_definite_failure,
+        )
+    };
+    let acks =
+        |e: &crate::http::StatsView| (e.consume.retried, e.consume.acked + e.consume.retried);
+    AlertInputs {
+        pending_oldest_age_s: pending_age,
+        consumer_lag_s: rocket_ok
+            .then(|| cur.groups.iter().map(|g| g.lag_seconds).fold(0.0, f64::max)),
+        send_unknown: cur
+            .engine
+            .as_ref()
+            .map(|e| ratio(engine_before.map(sends), sends(e))),
+        ack_failure: cur
+            .engine
+            .as_ref()
+            .map(|e| ratio(engine_before.map(acks), acks(e))),
+        dlq_dead: cur.dlq.as_ref().map(|d| d.dead),
+        dlq_oldest_age_s: cur.dlq.as_ref().and_then(|d| d.oldest_dead_age_s),
+        pool_wait_p95_ms: cur.engine.as_ref().map(|e| e.consume.pool_wait.p95_ms),
+        order_tx_p99_ms: cur.engine.as_ref().map(|e| e.consume.tx.p99_ms),
+        expiring: (rocket_ok && redis_ok).then(|| expiring(cur)),
+        expiring_before: prev
+            .filter(|p| p.error("rocketmq").is_none() && p.error("redis").is_none())
+            .map(expiring),
+    }
+}
+
+/// The seed §22.2 inputs, for `scale advise` and the daemon's admission control.
+pub fn scale_inputs(
+    prev: Option<&Sample>,
+    cur: &Sample,
+    cfg: &Config,
+    names: &Names,
+) -> ScaleInputs {
+    let rows = backlog(prev, cur, names);
+    let order_group = names.group(TopicKind::OrderCreate);
+    let order = rows.iter().find(|r| r.group == order_group);
+    let growth = match (order, prev) {
+        (Some(r), Some(p)) => p
+            .groups
+            .iter()
+            .find(|g| g.group == order_group)
+            .and_then(|g| Some((r.lag_messages - g.lag_messages) as f64 / dt_s(p, cur)?))
+            .unwrap_or(0.0),
+        _ => 0.0,
+    };
+    let pending_expiry = cur
+        .pending
+        .iter()
+        .filter_map(|p| p.oldest_valid_until_ms)
+        .min()
+        .map(|v| (v - cur.at_ms) as f64 / 1000.0);
+    let to_expiry = match (
+        order.and_then(|r| r.seconds_to_oldest_expiry),
+        pending_expiry,
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let pg = pg(prev, cur);
+    ScaleInputs {
+        lag_seconds: order.map_or(0.0, |r| r.lag_seconds),
+        lag_growth_per_s: growth,
+        drain: order.and_then(|r| r.drain).unwrap_or(Drain::Empty),
+        seconds_to_oldest_expiry: to_expiry,
+        expiring: expiring(cur),
+        pool_wait_p95_ms: pg.pool.as_ref().map(|p| p.acquire_wait_p95_ms),
+        tx_p99_ms: pg.order_tx_p99_ms,
+        io_wait_share: pg.server.as_ref().map(|s| s.io_wait_share),
+        lock_waiters: pg.server.as_ref().map(|s| s.lock_waiters),
+        longest_tx_s: pg.server.as_ref().map(|s| s.longest_tx_s),
+        broker_uptime_s: cur.broker_uptime_s,
+        budget: BudgetInputs {
+            safe_pg_concurrency: cfg
+                .governor
+                .safe_pg_concurrency
+                .unwrap_or(cfg.pg.max_connections),
+            order_share: cfg.consumer.pg_share,
+            instances: cfg.governor.instances.max(1),
+            threads_per_instance: cur
+                .engine
+                .as_ref()
+                .map_or(cfg.consumer_threads(), |e| e.governor.limit),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{PendingSample, PgServerSample};
+    use super::*;
+
+    fn group(names: &Names, broker: i64, consumer: i64, lag_s: f64) -> GroupSample {
+        GroupSample {
+            group: names.group(TopicKind::OrderCreate),
+            topic: names.topic(TopicKind::OrderCreate),
+            lag_messages: broker - consumer,
+            lag_seconds: lag_s,
+            retry_lag_messages: 0,
+            retry_lag_seconds: 0.0,
+            broker_offsets: broker,
+            consumer_offsets: consumer,
+            oldest_valid_until_ms: None,
+            expiring: 0,
+        }
+    }
+
+    fn sample(at_ms: i64, groups: Vec<GroupSample>) -> Sample {
+        Sample {
+            at_ms,
+            groups,
+            pending: vec![],
+            pg: None,
+            dlq: None,
+            engine: None,
+            broker_uptime_s: None,
+            errors: vec![],
+        }
+    }
+
+    #[test]
+    fn rates_and_drain_come_from_two_samples() {
+        let n = Names::new("T_");
+        // The seed §20.1 burst, half a second in: 10,000 produced, 2,000 consumed.
+        let a = sample(0, vec![group(&n, 0, 0, 0.0)]);
+        let b = sample(500, vec![group(&n, 10_000, 2_000, 0.5)]);
+        let rows = backlog(Some(&a), &b, &n);
+        assert_eq!(rows[0].produce_per_s, Some(20_000.0));
+        assert_eq!(rows[0].consume_per_s, Some(4_000.0));
+        assert_eq!(rows[0].lag_messages, 8_000);
+        assert_eq!(rows[0].drain, Some(Drain::Never), "still producing faster");
+        assert_eq!(rows[0].verdict, Level::Critical);
+        // Production stops: the next second consumes 4,000 and produces nothing.
+        let c = sample(1_500, vec![group(&n, 10_000, 6_000, 0.9)]);
+        let rows = backlog(Some(&b), &c, &n);
+        assert_eq!(rows[0].drain, Some(Drain::In(1.0)), "4,000 left at 4,000/s");
+        assert_eq!(rows[0].verdict, Level::Ok);
+        // One sample: no rates, the verdict by lag alone.
+        let rows = backlog(None, &c, &n);
+        assert_eq!((rows[0].consume_per_s, rows[0].drain), (None, None));
+    }
+
+    #[test]
+    fn pending_age_and_pg_rates() {
+        let mut a = sample(10_000, vec![]);
+        a.pending.push(PendingSample {
+            activity_id: ActivityId(7),
+            count: 2,
+            oldest_created_ms: Some(6_000),
+            next_due_ms: Some(9_000),
+            oldest_valid_until_ms: Some(40_000),
+            attempts: BTreeMap::from([(0, 1), (2, 1)]),
+            expiring: 0,
+            truncated: false,
+        });
+        let rows = pending(&a);
+        assert_eq!(rows[0].oldest_age_s, Some(4.0));
+        assert_eq!(rows[0].next_due_in_s, Some(-1.0));
+        assert_eq!(rows[0].verdict, Level::Critical);
+        assert_eq!(alert_inputs(None, &a).pending_oldest_age_s, Some(4.0));
+
+        let server = |commits, wal| PgServerSample {
+            active: 4,
+            idle_in_transaction: 0,
+            lock_waiters: 1,
+            io_waiters: 2,
+            longest_tx_s: 0.1,
+            max_connections: 100,
+            connections: 10,
+            commits,
+            wal_bytes: wal,
+        };
+        a.pg = Some(server(100, 1_000.0));
+        let mut b = sample(12_000, vec![]);
+        b.pg = Some(server(700, 5_000.0));
+        let v = pg(Some(&a), &b);
+        let s = v.server.unwrap();
+        assert_eq!(s.commits_per_s, Some(300.0));
+        assert_eq!(s.wal_bytes_per_s, Some(2_000.0));
+        assert_eq!(s.io_wait_share, 0.5);
+        assert!(v.pool.is_none(), "no engine, no pool figures");
+    }
+}

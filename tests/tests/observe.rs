@@ -1,0 +1,392 @@
+//! Backlog governance and observability against the real stack (DESIGN.md
+//! §10–11): lag in seconds under a stopped consumer, the pending view,
+//! `/metrics` as Prometheus text, and admission control tripping and
+//! recovering in the daemon.
+
+use anyhow::{Result, ensure};
+use seckill_engine::activity::{self, NewActivity};
+use seckill_engine::backlog::{Drain, Level};
+use seckill_engine::config::Config;
+use seckill_engine::ids::{
+    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
+};
+use seckill_engine::message::TraceContext;
+use seckill_engine::metrics::SEED_NAMES;
+use seckill_engine::mq::rocket::RocketProducer;
+use seckill_engine::mq::{Producer, TopicKind};
+use seckill_engine::observe::{Observer, view};
+use seckill_engine::publish::{order_message, to_outgoing};
+use seckill_engine::reservation::{ReservationStore, ReserveOutcome, ReserveRequest};
+use seckill_tests::{Engine, Setup, TestEnv, eventually, run};
+use std::collections::HashSet;
+use std::time::Duration;
+
+const ACTIVITY: ActivityId = ActivityId(9);
+const SKU: SkuId = SkuId(3);
+
+fn store(env: &TestEnv) -> ReservationStore {
+    ReservationStore::new(env.redis.clone(), env.cfg.redis_prefix.clone())
+}
+
+async fn seed(env: &TestEnv, stock: i64, valid_for_ms: i64) -> Result<()> {
+    activity::create(
+        &env.pool,
+        &store(env),
+        &NewActivity {
+            activity: ACTIVITY,
+            sku: SKU,
+            stock,
+            valid_for_ms,
+            pay_within_ms: 900_000,
+            force: false,
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn engine_cfg(env: &TestEnv) -> Config {
+    let mut cfg = env.cfg.clone();
+    cfg.governor.interval_ms = 200;
+    cfg.governor.recover_after_ticks = 2;
+    cfg.scanner.first_retry_after_ms = 500;
+    cfg
+}
+
+async fn post(engine: &Engine, user: i64) -> Result<(u16, serde_json::Value)> {
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://{}/v1/activities/{}/skus/{}/reservations",
+            engine.addr, ACTIVITY.0, SKU.0
+        ))
+        .json(&serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}))
+        .send()
+        .await?;
+    let code = r.status().as_u16();
+    Ok((code, r.json().await.unwrap_or_default()))
+}
+
+async fn get_text(engine: &Engine, path: &str) -> Result<String> {
+    Ok(reqwest::get(format!("http://{}{path}", engine.addr))
+        .await?
+        .text()
+        .await?)
+}
+
+async fn orders(env: &TestEnv) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&env.pool)
+        .await?)
+}
+
+/// Checks the Prometheus text exposition format (0.0.4) line by line:
+/// every sample belongs to a family declared by `# TYPE`, every value is a
+/// float, every label is `name="value"`. Returns the families with samples.
+fn parse_prometheus(text: &str) -> Result<HashSet<String>> {
+    let valid_name = |n: &str| {
+        !n.is_empty()
+            && n.chars().enumerate().all(|(i, c)| {
+                c == '_' || c == ':' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit())
+            })
+    };
+    let mut typed: HashSet<String> = HashSet::new();
+    let mut sampled = HashSet::new();
+    for (no, line) in text.lines().enumerate() {
+        let at = || format!("line {}: {line:?}", no + 1);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (kw, name) = (parts.next(), parts.next());
+            ensure!(
+                matches!(kw, Some("HELP" | "TYPE")),
+                "unknown comment {}",
+                at()
+            );
+            let name = name.unwrap_or_default();
+            ensure!(valid_name(name), "bad family name {}", at());
+            if kw == Some("TYPE") {
+                let kind = parts.next().unwrap_or_default();
+                ensure!(
+                    ["counter", "gauge", "summary", "histogram", "untyped"].contains(&kind),
+                    "bad type {}",
+                    at()
+                );
+                ensure!(typed.insert(name.to_owned()), "family typed twice {}", at());
+            }
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .ok_or_else(|| anyhow::anyhow!("no value {}", at()))?;
+        ensure!(
+            value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value),
+            "bad value {}",
+            at()
+        );
+        let (name, labels) = match series.split_once('{') {
+            Some((n, l)) => (
+                n,
+                Some(
+                    l.strip_suffix('}')
+                        .ok_or_else(|| anyhow::anyhow!("unclosed labels {}", at()))?,
+                ),
+            ),
+            None => (series, None),
+        };
+        ensure!(valid_name(name), "bad metric name {}", at());
+        if let Some(labels) = labels {
+            for pair in labels.split("\",").filter(|p| !p.is_empty()) {
+                let (k, v) = pair
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("bad label {}", at()))?;
+                ensure!(valid_name(k) && v.starts_with('"'), "bad label {}", at());
+            }
+        }
+        let family = [name.strip_suffix("_sum"), name.strip_suffix("_count")]
+            .into_iter()
+            .flatten()
+            .find(|f| typed.contains(*f))
+            .unwrap_or(name);
+        ensure!(typed.contains(family), "sample before its # TYPE {}", at());
+        sampled.insert(family.to_owned());
+    }
+    Ok(sampled)
+}
+
+#[test]
+fn metrics_are_prometheus_text_with_every_seed_name() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 10, 300_000).await?;
+        let engine = Engine::start(&env, engine_cfg(&env)).await?;
+        let (code, body) = post(&engine, 1).await?;
+        ensure!(code == 202, "{code} {body}");
+        eventually(Duration::from_secs(60), "the order", || async {
+            Ok((orders(&env).await? == 1).then_some(()))
+        })
+        .await?;
+        // Gauges appear with the governor's first tick after the order.
+        let text = eventually(
+            Duration::from_secs(30),
+            "a tick with lag gauges",
+            || async {
+                let t = get_text(&engine, "/metrics").await?;
+                Ok(t.contains("\nmq_consumer_lag_seconds{").then_some(t))
+            },
+        )
+        .await?;
+        engine.stop().await?;
+
+        let sampled = parse_prometheus(&text)?;
+        for name in SEED_NAMES {
+            ensure!(sampled.contains(name), "{name} has no sample in:\n{text}");
+        }
+        let value = |series: &str| -> Option<f64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        };
+        let topic = env.names.topic(TopicKind::OrderCreate);
+        assert_eq!(
+            value(&format!(
+                "mq_publish_total{{topic=\"{topic}\",outcome=\"CONFIRMED\"}}"
+            )),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            value(&format!(
+                "mq_consume_total{{topic=\"{topic}\",result=\"ACK\"}}"
+            )),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(value("mq_dlq_messages"), Some(0.0));
+        assert_eq!(value("seckill_admission_open"), Some(1.0));
+        Ok(())
+    });
+}
+
+#[test]
+fn backlog_and_pending_track_a_stopped_consumer() {
+    run(Setup::Full, |env| async move {
+        const VALID_FOR_MS: i64 = 60_000;
+        seed(&env, 100, VALID_FOR_MS).await?;
+        // One order through the engine, so the group has committed offsets;
+        // then the consumer stops.
+        let engine = Engine::start(&env, engine_cfg(&env)).await?;
+        let (code, body) = post(&engine, 1).await?;
+        ensure!(code == 202, "{code} {body}");
+        eventually(Duration::from_secs(60), "the first order", || async {
+            Ok((orders(&env).await? == 1).then_some(()))
+        })
+        .await?;
+        let (topic, group) = (
+            env.names.topic(TopicKind::OrderCreate),
+            env.names.group(TopicKind::OrderCreate),
+        );
+        eventually(
+            Duration::from_secs(30),
+            "zero lag once the order is acked",
+            || async { Ok((env.admin.lag(&topic, &group).await?.messages == 0).then_some(())) },
+        )
+        .await?;
+        engine.stop().await?;
+        let mut o = Observer::new(&env.cfg, env.rt.clone());
+
+        // A backlog of known size and age: reservations written to Redis and
+        // their messages stored on the broker, with nobody consuming.
+        let s = store(&env);
+        let born = chrono::Utc::now().timestamp_millis();
+        let mut msgs = Vec::new();
+        for user in 100..120 {
+            let req = ReserveRequest {
+                activity_id: ACTIVITY,
+                sku_id: SKU,
+                user_id: UserId(user),
+                request_id: RequestId::generate(),
+                reservation_id: ReservationId::generate(),
+                message_id: MessageId::generate(),
+                order_id: OrderId::generate(),
+                now_ms: born,
+                valid_until_ms: born + VALID_FOR_MS,
+            };
+            let ReserveOutcome::Reserved(r) = s.reserve(&req, born + 600_000).await? else {
+                anyhow::bail!("reservation refused");
+            };
+            msgs.push(to_outgoing(
+                &order_message(&r, TraceContext::generate()),
+                &topic,
+            ));
+        }
+        let producer = RocketProducer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &format!("{}PG_OBSERVE", env.names.prefix()),
+            Duration::from_secs(3),
+            0,
+        )
+        .await?;
+        let sent = producer.send_batch(msgs, Duration::from_secs(3)).await;
+        producer.shutdown().await;
+        ensure!(sent.is_confirmed(), "{sent:?}");
+
+        tokio::time::sleep(Duration::from_secs(3)).await; // age the backlog by a known amount
+        let first = o.sample().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let second = o.sample().await;
+        let age = (second.at_ms - born) as f64 / 1000.0;
+        o.shutdown().await;
+
+        let rows = view::backlog(Some(&first), &second, &env.names);
+        let order = rows
+            .iter()
+            .find(|r| r.group == env.names.group(TopicKind::OrderCreate))
+            .expect("the order group");
+        assert_eq!(order.lag_messages, 20, "{order:?}");
+        assert!(
+            (order.lag_seconds - age).abs() <= 1.0,
+            "lag {order:?} vs age {age:.2} s"
+        );
+        assert_eq!(order.consume_per_s, Some(0.0));
+        assert_eq!(order.drain, Some(Drain::Never), "nothing consumes");
+        assert_eq!(order.verdict, Level::Critical);
+        let left = order
+            .seconds_to_oldest_expiry
+            .expect("valid_until from the bodies");
+        let want = VALID_FOR_MS as f64 / 1000.0 - age;
+        assert!((left - want).abs() <= 1.0, "{left} vs {want}");
+        assert!(second.error("engine").is_some(), "the engine is stopped");
+
+        // The same 20 are pending in Redis (no engine marked them sent).
+        let pending = view::pending(&second);
+        let p = pending
+            .iter()
+            .find(|p| p.activity_id == ACTIVITY)
+            .expect("the activity");
+        assert_eq!(p.count, 20);
+        let oldest = p.oldest_age_s.expect("an oldest age");
+        assert!((oldest - age).abs() <= 1.0, "{oldest} vs {age}");
+        assert_eq!(p.attempts.get(&0), Some(&20));
+
+        let alerts = view::alert_inputs(Some(&first), &second);
+        let lag = alerts.consumer_lag_s.expect("lag read");
+        assert!((lag - age).abs() <= 1.0);
+        assert_eq!(alerts.send_unknown, None, "no engine, no send figures");
+        Ok(())
+    });
+}
+
+#[test]
+fn admission_control_trips_and_recovers() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 100, 20_000).await?;
+        let engine = Engine::start(&env, engine_cfg(&env)).await?;
+
+        // Hold the hot inventory row: order transactions queue behind it,
+        // lag grows, nothing drains, and PostgreSQL has no headroom.
+        let mut holder = env.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM inventory WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE")
+            .bind(ACTIVITY)
+            .bind(SKU)
+            .execute(&mut *holder)
+            .await?;
+        for user in 1..=5 {
+            let (code, body) = post(&engine, user).await?;
+            ensure!(code == 202, "{code} {body}");
+        }
+        // Every reservation accepted before the gate closes becomes an order later.
+        let accepted = std::sync::atomic::AtomicI64::new(5);
+        let mut user = 100;
+        let refused = eventually(Duration::from_secs(60), "admission control to trip", || {
+            user += 1;
+            let (u, engine, accepted) = (user, &engine, &accepted);
+            async move {
+                let (code, body) = post(engine, u).await?;
+                if code == 202 {
+                    accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok((code == 503).then_some(body))
+            }
+        })
+        .await?;
+        let accepted = accepted.into_inner();
+        assert_eq!(refused["error"], "ADMISSION_CLOSED", "{refused}");
+        assert_eq!(orders(&env).await?, 0, "nothing got past the lock");
+
+        // Release it: the backlog drains, and after clear ticks the gate opens.
+        holder.rollback().await?;
+        eventually(Duration::from_secs(60), "the queued orders", || async {
+            Ok((orders(&env).await? == accepted).then_some(()))
+        })
+        .await?;
+        let mut user = 1_000;
+        eventually(
+            Duration::from_secs(60),
+            "admission control to recover",
+            || {
+                user += 1;
+                let u = user;
+                let engine = &engine;
+                async move {
+                    let (code, _) = post(engine, u).await?;
+                    Ok((code == 202).then_some(()))
+                }
+            },
+        )
+        .await?;
+        let stats: serde_json::Value =
+            serde_json::from_str(&get_text(&engine, "/v1/stats").await?)?;
+        let g = &stats["governor"];
+        assert_eq!(g["admission_open"], true, "{g}");
+        assert!(g["admission_trips"].as_u64() >= Some(1), "{g}");
+        assert!(g["admission_recoveries"].as_u64() >= Some(1), "{g}");
+        assert!(g["admission_refused"].as_u64() >= Some(1), "{g}");
+        assert!(
+            g["limit"].as_u64() <= g["budget"].as_u64(),
+            "never above the budget: {g}"
+        );
+        engine.stop().await?;
+        Ok(())
+    });
+}
