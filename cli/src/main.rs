@@ -67,6 +67,8 @@ enum Command {
     /// The engine daemon
     #[command(subcommand)]
     Engine(cmd::engine::EngineCmd),
+    /// The live on-call screen: backlog, pending, PostgreSQL, DLQ tickets, alerts
+    Tui(cmd::tui::TuiArgs),
 }
 
 fn main() -> ExitCode {
@@ -82,7 +84,12 @@ fn main() -> ExitCode {
             });
         }
     };
-    init_tracing(&cli.log);
+    // Log lines would tear the TUI's screen apart: it shows errors itself.
+    if matches!(cli.command, Command::Tui(_)) {
+        init_tracing_off();
+    } else {
+        init_tracing(&cli.log);
+    }
     let code = match run(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -99,6 +106,13 @@ fn init_tracing(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .init();
+}
+
+fn init_tracing_off() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("off"))
+        .with_writer(std::io::sink)
         .init();
 }
 
@@ -123,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
             Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Engine(c) => cmd::engine::run(c, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Tui(a) => cmd::tui::run(a, &cfg, rt).await.map(|()| Exit::Ok),
         }
     })?
 }

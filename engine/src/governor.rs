@@ -12,7 +12,7 @@ use crate::admission::{Admission, Gate, Transition};
 use crate::alerts::{self, Alert};
 use crate::concurrency::{self, Limiter, Signals};
 use crate::config::Config;
-use crate::observe::{Observer, Sample, view};
+use crate::observe::{History, Observer, Sample, view};
 use crate::scale::{self, Advice};
 use crate::stats::{ConsumeStats, Counter};
 use serde::Serialize;
@@ -149,7 +149,7 @@ pub fn spawn(
     let cfg = observer.config().clone();
     let every = Duration::from_millis(cfg.governor.interval_ms.max(100));
     tracker.spawn(async move {
-        let mut prev: Option<Sample> = None;
+        let mut history = History::default();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -159,19 +159,19 @@ pub fn spawn(
             let mut sample = observer.sample().await;
             sample.engine = Some(fill());
             let names = observer.names().clone();
-            let advice = scale::advise(&view::scale_inputs(prev.as_ref(), &sample, &cfg, &names));
+            let base = history.push(sample.clone());
+            let advice = scale::advise(&view::scale_inputs(base, &sample, &cfg, &names));
             // A blind tick (the broker or Redis unreadable) must not open
             // or close the gate on made-up zeros.
             if sample.error("rocketmq").is_none() && sample.error("redis").is_none() {
                 governor.observe(&advice, sample.at_ms);
             }
-            let alerts = alerts::evaluate(&cfg.alerts, &view::alert_inputs(prev.as_ref(), &sample));
+            let alerts = alerts::evaluate(&cfg.alerts, &view::alert_inputs(base, &sample));
             governor.store(Tick {
-                sample: sample.clone(),
+                sample,
                 advice,
                 alerts,
             });
-            prev = Some(sample);
         }
         observer.shutdown().await;
     });

@@ -766,3 +766,69 @@ fn a_new_ticket_is_posted_to_the_webhook_once_delivered_with_its_id_as_the_idemp
         Ok(())
     });
 }
+
+/// What the TUI shows on drill-down: the pre-check verdicts of a dead
+/// message, read-only (no audit row, nothing sent), and the same verdicts
+/// a dry run records.
+#[test]
+fn prechecks_are_read_only_and_match_the_dry_run() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(8), SkuId(1));
+        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+            .bind(activity)
+            .execute(&env.pool)
+            .await?;
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 5, 5)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        let dead = dead_entries(&env, "tkt_pre", activity, sku, 1).await?;
+        let id = dead[0].message_id.to_string();
+        let group = env.names.group(TopicKind::OrderCreate);
+        let checks =
+            seckill_engine::dlq::replay::precheck(&env.pool, &env.names, &group, &id).await?;
+        let audits: i64 = sqlx::query_scalar("SELECT count(*) FROM replay_audit")
+            .fetch_one(&env.pool)
+            .await?;
+        assert_eq!(audits, 0, "a pre-check writes nothing");
+        assert!(!checks.is_empty());
+        assert!(
+            checks
+                .iter()
+                .all(|v| v.level != seckill_engine::dlq::replay::Level::Block),
+            "{checks:?}"
+        );
+        let unknown =
+            seckill_engine::dlq::replay::precheck(&env.pool, &env.names, &group, "msg_nope").await;
+        assert!(
+            unknown.is_err(),
+            "an unknown message is an error, not an empty verdict"
+        );
+
+        let p = producer(&env).await?;
+        let report = seckill_engine::dlq::replay::replay(
+            &env.pool,
+            &env.names,
+            &p,
+            &seckill_engine::dlq::replay::ReplayRequest {
+                message_id: id.clone(),
+                group: Some(group.clone()),
+                reason: "compare".into(),
+                operator: "test".into(),
+                dry_run: true,
+                force: vec![],
+                verify_within: Duration::from_secs(1),
+            },
+        )
+        .await?;
+        p.shutdown().await;
+        let strip = |v: &[seckill_engine::dlq::replay::Verdict]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|v| (v.check.as_str().to_owned(), format!("{:?}", v.level)))
+                .collect()
+        };
+        assert_eq!(strip(&report.checks), strip(&checks));
+        Ok(())
+    });
+}

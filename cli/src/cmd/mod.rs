@@ -9,3 +9,4 @@ pub mod mq;
 pub mod observe;
 pub mod order;
 pub mod reconcile;
+pub mod tui;

@@ -25,16 +25,30 @@ pub struct WindowArgs {
     output: OutputFormat,
 }
 
+/// Like [`WindowArgs`], for consumer rates: the broker learns consumed
+/// offsets once a second, so a shorter window misreads them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RateWindowArgs {
+    /// Time between the two samples rates are computed from (at least 2s is sound)
+    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "3s")]
+    window: Duration,
+    #[arg(long, short, value_enum, default_value_t)]
+    output: OutputFormat,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct BacklogArgs {
     /// Only this consumer group (full name or a case-insensitive part of it)
     #[arg(long)]
     group: Option<String>,
-    /// Refresh in place every window until Ctrl-C (JSON: one line per refresh)
+    /// Refresh in place until Ctrl-C (JSON: one line per refresh)
     #[arg(long)]
     watch: bool,
+    /// How often --watch redraws
+    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "1s")]
+    every: Duration,
     #[command(flatten)]
-    w: WindowArgs,
+    w: RateWindowArgs,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -55,7 +69,7 @@ pub struct ScaleArgs {
     #[arg(long)]
     instances: Option<u32>,
     #[command(flatten)]
-    w: WindowArgs,
+    w: RateWindowArgs,
 }
 
 /// Two samples `window` apart.
@@ -160,6 +174,9 @@ fn backlog_report(args: &BacklogArgs, prev: &Sample, cur: &Sample, o: &Observer)
 
 pub async fn backlog(args: BacklogArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
     let (mut o, mut prev, mut cur) = two_samples(cfg, rt, args.w.window).await;
+    let mut history = seckill_engine::observe::History::default();
+    history.push(prev.clone());
+    history.push(cur.clone());
     loop {
         let report = backlog_report(&args, &prev, &cur, &o);
         if args.group.is_some() && report.groups.is_empty() && report.errors.is_empty() {
@@ -181,8 +198,9 @@ pub async fn backlog(args: BacklogArgs, cfg: &Config, rt: Arc<ClientRuntime>) ->
                 write!(out, "\x1b[2J\x1b[H")?;
                 writeln!(
                     out,
-                    "seckillctl backlog --watch  (every {:?}; Ctrl-C to stop)",
-                    args.w.window
+                    "seckillctl backlog --watch  (every {:?}, rates over ≥{:?}; Ctrl-C to stop)",
+                    args.every,
+                    seckill_engine::observe::RATE_SPAN
                 )?;
                 render(&mut out, OutputFormat::Table, &report)?;
             }
@@ -194,10 +212,12 @@ pub async fn backlog(args: BacklogArgs, cfg: &Config, rt: Arc<ClientRuntime>) ->
         }
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
-            _ = tokio::time::sleep(args.w.window) => {}
+            _ = tokio::time::sleep(args.every) => {}
         }
-        prev = cur;
         cur = o.sample().await;
+        if let Some(base) = history.push(cur.clone()) {
+            prev = base.clone();
+        }
     }
     o.shutdown().await;
     Ok(())

@@ -432,6 +432,27 @@ struct Prepared {
 }
 
 /// Finds the entry, runs the pre-checks and opens the audit row.
+/// The pre-check verdicts of one dead message, read-only: no audit row,
+/// nothing sent. What a screen shows before anyone asks for a replay.
+pub async fn precheck(
+    pool: &PgPool,
+    names: &Names,
+    group: &str,
+    message_id: &str,
+) -> Result<Vec<Verdict>, ReplayError> {
+    let entry: Entry = sqlx::query_as(
+        "SELECT consumer_group, ticket_id, original_topic, body, properties, replay_count
+         FROM dlq_messages WHERE message_id = $1 AND consumer_group = $2",
+    )
+    .bind(message_id)
+    .bind(group)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| ReplayError::Unknown(message_id.to_owned()))?;
+    let facts = gather(pool, names, group, message_id, &entry).await?;
+    Ok(verdicts(&facts, &[]))
+}
+
 async fn prepare(
     pool: &PgPool,
     names: &Names,

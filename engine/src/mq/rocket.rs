@@ -307,7 +307,13 @@ impl RocketConsumer {
         spec: &ConsumerSpec,
         handler: Arc<H>,
     ) -> Result<Self, MqError> {
+        // The broker learns consumed offsets on this period; every lag and
+        // consume-rate figure (DESIGN.md §10) is at most this stale. The
+        // client's default is 5 s; 1 s is its minimum.
+        let mut client = rocketmq_client_rust::ClientConfig::default();
+        client.set_persist_consumer_offset_interval(1_000);
         let mut inner = DefaultMQPushConsumer::builder(rt)
+            .client_config(client)
             .consumer_group(spec.group.clone())
             .name_server_addr(namesrv.to_owned())
             .consume_thread_min(spec.threads)
@@ -582,10 +588,15 @@ impl RocketAdmin {
                     )
                     .await?;
                 if let Some(m) = pulled.messages.first() {
-                    oldest_store_ms = Some(
-                        oldest_store_ms
-                            .map_or(m.store_timestamp_ms, |o| o.min(m.store_timestamp_ms)),
-                    );
+                    // A timer message (the delayed cancel) only becomes
+                    // consumable at its delivery time: its wait starts there,
+                    // not at the store time, or a 15-minute pay window would
+                    // read as 15 minutes of lag.
+                    let ready = m
+                        .property("TIMER_DELIVER_MS")
+                        .and_then(|v| v.parse::<i64>().ok())
+                        .map_or(m.store_timestamp_ms, |at| at.max(m.store_timestamp_ms));
+                    oldest_store_ms = Some(oldest_store_ms.map_or(ready, |o| o.min(ready)));
                 }
                 d.heads.extend(pulled.messages);
             }

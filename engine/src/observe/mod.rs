@@ -29,6 +29,33 @@ use std::time::Duration;
 pub const PENDING_SCAN_CAP: usize = 10_000;
 /// Unconsumed messages read per queue to find soon-to-expire reservations.
 pub const HEAD_PROBE: i32 = 32;
+/// Rates compare samples at least this far apart: the broker learns
+/// consumed offsets only once a second (see `RocketConsumer::start`), so
+/// a shorter span reads 0/s and then a burst.
+pub const RATE_SPAN: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Recent samples, to pick the one [`RATE_SPAN`] back as the base of rates.
+#[derive(Debug, Default)]
+pub struct History(std::collections::VecDeque<Sample>);
+
+impl History {
+    /// Adds `cur` and returns the newest earlier sample at least
+    /// [`RATE_SPAN`] older (or the oldest one kept, while warming up).
+    pub fn push(&mut self, cur: Sample) -> Option<&Sample> {
+        let span = RATE_SPAN.as_millis() as i64;
+        // Keep one sample older than the span, drop the rest.
+        while self.0.len() >= 2 && cur.at_ms - self.0[1].at_ms >= span {
+            self.0.pop_front();
+        }
+        self.0.push_back(cur);
+        let n = self.0.len();
+        (n >= 2).then(|| &self.0[0])
+    }
+
+    pub fn latest(&self) -> Option<&Sample> {
+        self.0.back()
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GroupSample {
@@ -129,6 +156,7 @@ pub struct Observer {
     read_engine: bool,
     /// The daemon lends its pool: never close it from here.
     owns_pool: bool,
+    head_probe: i32,
 }
 
 fn now_ms() -> i64 {
@@ -150,6 +178,7 @@ impl Observer {
                 .unwrap_or_default(),
             read_engine: true,
             owns_pool: true,
+            head_probe: HEAD_PROBE,
         }
     }
 
@@ -167,6 +196,10 @@ impl Observer {
         o.admin = Some(admin);
         o.read_engine = false;
         o.owns_pool = false;
+        // The governor needs only the oldest message per queue (its
+        // `valid_until`); reading 32 per queue every second during a burst
+        // costs the consumer throughput.
+        o.head_probe = 1;
         o
     }
 
@@ -219,7 +252,12 @@ impl Observer {
         let (groups, pending, pg, dlq, engine, uptime) = tokio::join!(
             bounded(
                 limit,
-                groups(self.admin.as_ref(), &self.names, at_ms + horizon_ms)
+                groups(
+                    self.admin.as_ref(),
+                    &self.names,
+                    at_ms + horizon_ms,
+                    self.head_probe
+                )
             ),
             bounded(limit * 2, pending(self.store.as_ref(), at_ms + horizon_ms)),
             bounded(limit, pg_server(self.pool.as_ref())),
@@ -291,13 +329,14 @@ async fn groups(
     admin: Option<&RocketAdmin>,
     names: &Names,
     expiring_before_ms: i64,
+    head_probe: i32,
 ) -> Result<Vec<GroupSample>, String> {
     let admin = admin.ok_or(DOWN)?;
     let mut out = Vec::new();
     for kind in TopicKind::ALL {
         let (topic, group) = (names.topic(kind), names.group(kind));
         let probe = if kind == TopicKind::OrderCreate {
-            HEAD_PROBE
+            head_probe
         } else {
             1
         };

@@ -1,0 +1,38 @@
+//! `seckillctl tui`: the live on-call screen (seckill-tui).
+
+use anyhow::Result;
+use seckill_engine::config::Config;
+use seckill_engine::runtime::ClientRuntime;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, clap::Args)]
+pub struct TuiArgs {
+    /// How often the screen samples the stack
+    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "1s")]
+    refresh: Duration,
+    /// Hide every key that changes something (replay, acknowledge, assign)
+    #[arg(long)]
+    readonly: bool,
+    /// Who replays and assigns, for the audit [default: $USER]
+    #[arg(long, env = "USER", default_value = "operator")]
+    operator: String,
+}
+
+pub async fn run(args: TuiArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    if args.refresh < Duration::from_millis(200) {
+        anyhow::bail!(crate::exit::UsageError(
+            "--refresh must be at least 200ms; every refresh samples the whole stack".into()
+        ));
+    }
+    seckill_tui::run(
+        cfg.clone(),
+        rt,
+        seckill_tui::Options {
+            refresh: args.refresh,
+            readonly: args.readonly,
+            operator: args.operator,
+        },
+    )
+    .await
+}

@@ -1,0 +1,301 @@
+//! The loop (tokio-console's shape): `select! { biased; messages, SIGTERM,
+//! refresh tick }`, `update` returns an [`Effect`], and the loop runs it as
+//! a task that answers with a [`Msg`]. The terminal is restored by a drop
+//! guard, by a panic hook, and on SIGTERM.
+
+use crate::state::{Component, Data, State};
+use crate::update::{Effect, Key, Msg, update};
+use anyhow::{Context, Result};
+use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen};
+use ratatui::Terminal;
+use ratatui::backend::CrosstermBackend;
+use seckill_engine::alerts;
+use seckill_engine::config::Config;
+use seckill_engine::db;
+use seckill_engine::dlq::replay::{self, ReplayRequest};
+use seckill_engine::dlq::tickets::{self, TicketAction};
+use seckill_engine::mq::Names;
+use seckill_engine::mq::rocket::RocketProducer;
+use seckill_engine::observe::{History, Observer, Sample, view};
+use seckill_engine::runtime::ClientRuntime;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub refresh: Duration,
+    pub readonly: bool,
+    /// Who replays and assigns, for the audit.
+    pub operator: String,
+}
+
+/// Restores the terminal when dropped, whatever the exit path.
+struct TerminalGuard;
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore();
+    }
+}
+
+fn restore() {
+    let _ = crossterm::terminal::disable_raw_mode();
+    let _ = crossterm::execute!(
+        std::io::stdout(),
+        LeaveAlternateScreen,
+        crossterm::cursor::Show
+    );
+}
+
+fn decode(e: Event) -> Option<Msg> {
+    let Event::Key(k) = e else { return None };
+    if k.kind != KeyEventKind::Press {
+        return None;
+    }
+    if k.modifiers.contains(KeyModifiers::CONTROL) && k.code == KeyCode::Char('c') {
+        return Some(Msg::Quit);
+    }
+    let key = match k.code {
+        KeyCode::Char(c) => Key::Char(c),
+        KeyCode::Up => Key::Up,
+        KeyCode::Down => Key::Down,
+        KeyCode::Tab => Key::Tab,
+        KeyCode::BackTab => Key::BackTab,
+        KeyCode::Enter => Key::Enter,
+        KeyCode::Esc => Key::Esc,
+        KeyCode::Backspace => Key::Backspace,
+        _ => return None,
+    };
+    Some(Msg::Key(key))
+}
+
+/// One refresh: two consecutive samples give the rates.
+fn data(
+    prev: Option<&Sample>,
+    cur: &Sample,
+    cfg: &Config,
+    names: &Names,
+    tickets: Vec<tickets::Ticket>,
+) -> Data {
+    let component = |name: &str, source: &str| Component {
+        name: name.to_owned(),
+        up: cur.error(source).is_none(),
+        error: cur.error(source).map(str::to_owned),
+    };
+    Data {
+        at_ms: cur.at_ms,
+        components: vec![
+            component("postgresql", "postgresql"),
+            component("redis", "redis"),
+            component("rocketmq", "rocketmq"),
+            component("engine", "engine"),
+        ],
+        backlog: view::backlog(prev, cur, names),
+        pending: view::pending(cur),
+        pg: view::pg(prev, cur),
+        alerts: alerts::evaluate(&cfg.alerts, &view::alert_inputs(prev, cur)),
+        tickets,
+    }
+}
+
+/// Samples every `every` until `stop`, sending a [`Msg`] per refresh.
+fn spawn_refresher(cfg: Config, rt: Arc<ClientRuntime>, every: Duration, tx: mpsc::Sender<Msg>) {
+    tokio::spawn(async move {
+        let mut observer = Observer::new(&cfg, rt);
+        let names = observer.names().clone();
+        let mut pool = None;
+        // Rates compare samples RATE_SPAN apart, whatever the refresh.
+        let mut history = History::default();
+        loop {
+            let cur = observer.sample().await;
+            if pool.is_none() {
+                pool = db::connect_unchecked(&cfg).await.ok();
+            }
+            let open = match &pool {
+                Some(p) => tickets::list_tickets(p, None)
+                    .await
+                    .map(|t| t.into_iter().filter(|t| t.closed_at.is_none()).collect())
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
+            let d = data(history.push(cur.clone()), &cur, &cfg, &names, open);
+            if tx.send(Msg::Refreshed(Box::new(d))).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(every).await;
+        }
+        observer.shutdown().await;
+    });
+}
+
+/// Runs one effect as a task; its answer comes back as a message.
+fn execute(
+    effect: Effect,
+    cfg: &Config,
+    rt: &Arc<ClientRuntime>,
+    operator: &str,
+    tx: mpsc::Sender<Msg>,
+) {
+    let (cfg, rt, operator) = (cfg.clone(), rt.clone(), operator.to_owned());
+    tokio::spawn(async move {
+        let names = Names::new(cfg.topic_prefix.clone());
+        let pool = match db::connect_unchecked(&cfg).await {
+            Ok(p) => p,
+            Err(e) => {
+                let e = e.to_string();
+                let msg = match effect {
+                    Effect::LoadTicket(ticket_id) => Msg::TicketLoaded {
+                        ticket_id,
+                        result: Err(e),
+                    },
+                    Effect::Precheck { message_id, .. } => Msg::Verdicts {
+                        message_id,
+                        result: Err(e),
+                    },
+                    Effect::DryRun { .. } => Msg::DryRun(Err(e)),
+                    Effect::Replay { .. } => Msg::Replayed(Err(e)),
+                    _ => Msg::TicketChanged(Err(e)),
+                };
+                let _ = tx.send(msg).await;
+                return;
+            }
+        };
+        let msg = match effect {
+            Effect::Quit => return,
+            Effect::LoadTicket(ticket_id) => {
+                let result = match tickets::get_ticket(&pool, &ticket_id).await {
+                    Ok(t) => tickets::list_entries(&pool, None, Some(&ticket_id), None)
+                        .await
+                        .map(|e| (t, e))
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                Msg::TicketLoaded { ticket_id, result }
+            }
+            Effect::Precheck { group, message_id } => Msg::Verdicts {
+                result: replay::precheck(&pool, &names, &group, &message_id)
+                    .await
+                    .map_err(|e| e.to_string()),
+                message_id,
+            },
+            Effect::DryRun { group, message_id } => {
+                let req = request(&group, &message_id, "TUI dry run", &operator, true);
+                Msg::DryRun(run_replay(&cfg, &rt, &pool, &names, &req).await)
+            }
+            Effect::Replay {
+                group,
+                message_id,
+                reason,
+            } => {
+                let req = request(&group, &message_id, &reason, &operator, false);
+                Msg::Replayed(run_replay(&cfg, &rt, &pool, &names, &req).await)
+            }
+            Effect::Ack(ticket_id) => Msg::TicketChanged(
+                tickets::apply(&pool, &ticket_id, &TicketAction::Ack)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            Effect::Assign { ticket_id, owner } => Msg::TicketChanged(
+                tickets::apply(&pool, &ticket_id, &TicketAction::Assign { owner })
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+        };
+        pool.close().await;
+        let _ = tx.send(msg).await;
+    });
+}
+
+fn request(
+    group: &str,
+    message_id: &str,
+    reason: &str,
+    operator: &str,
+    dry_run: bool,
+) -> ReplayRequest {
+    ReplayRequest {
+        message_id: message_id.to_owned(),
+        group: Some(group.to_owned()),
+        reason: reason.to_owned(),
+        operator: operator.to_owned(),
+        dry_run,
+        force: Vec::new(),
+        verify_within: Duration::from_secs(30),
+    }
+}
+
+async fn run_replay(
+    cfg: &Config,
+    rt: &Arc<ClientRuntime>,
+    pool: &db::PgPool,
+    names: &Names,
+    req: &ReplayRequest,
+) -> Result<replay::ReplayReport, String> {
+    let producer = RocketProducer::start(
+        rt.clone(),
+        &cfg.namesrv_addr,
+        &format!("{}PG_SECKILL_TUI_REPLAY", names.prefix()),
+        Duration::from_millis(cfg.mq.send_timeout_ms),
+        cfg.mq.send_retries,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let r = replay::replay(pool, names, &producer, req)
+        .await
+        .map_err(|e| e.to_string());
+    producer.shutdown().await;
+    r
+}
+
+/// Runs the screen until `q`, Ctrl-C or SIGTERM.
+pub async fn run(cfg: Config, rt: Arc<ClientRuntime>, opts: Options) -> Result<()> {
+    crossterm::terminal::enable_raw_mode()
+        .context("the TUI needs a terminal (is stdout a TTY?)")?;
+    let _guard = TerminalGuard;
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        restore();
+        hook(info);
+    }));
+    crossterm::execute!(std::io::stdout(), EnterAlternateScreen)?;
+    let mut terminal = Terminal::new(CrosstermBackend::new(std::io::stdout()))?;
+
+    let (tx, mut rx) = mpsc::channel::<Msg>(256);
+    // Terminal input on its own thread: crossterm's reads block.
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let (tx, stop) = (tx.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(true) = event::poll(Duration::from_millis(200))
+                    && let Ok(e) = event::read()
+                    && let Some(m) = decode(e)
+                    && tx.blocking_send(m).is_err()
+                {
+                    break;
+                }
+            }
+        });
+    }
+    spawn_refresher(cfg.clone(), rt.clone(), opts.refresh, tx.clone());
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut state = State::new(opts.refresh, opts.readonly);
+    loop {
+        terminal.draw(|f| crate::ui::render(&state, f))?;
+        let msg = tokio::select! {
+            biased;
+            m = rx.recv() => m.unwrap_or(Msg::Quit),
+            _ = sigterm.recv() => Msg::Quit,
+        };
+        match update(&mut state, msg) {
+            Some(Effect::Quit) => break,
+            Some(effect) => execute(effect, &cfg, &rt, &opts.operator, tx.clone()),
+            None => {}
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    Ok(())
+}

@@ -1,0 +1,539 @@
+//! `update()` for every key, and the screens as `TestBackend` snapshots.
+
+use crate::state::{Component, ConfirmStage, Data, Focus, Mode, State};
+use crate::update::{Effect, Key, Msg, suffix, update};
+use chrono::{TimeZone, Utc};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use seckill_engine::alerts::{self, AlertConfig, AlertInputs, Ratio};
+use seckill_engine::backlog::{Drain, Level};
+use seckill_engine::dlq::replay::{self, Check, ReplayReport, Verdict};
+use seckill_engine::dlq::tickets::{DlqEntry, Ticket};
+use seckill_engine::ids::ActivityId;
+use seckill_engine::observe::view::{BacklogRow, PendingRow, PgView, PoolRow, ServerRow};
+use seckill_engine::status::{
+    DlqEntryStatus, FailureClass, ReplayDecision, ReplayOutcome, TicketStatus,
+};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const NOW: i64 = 1_796_000_000_000;
+const MSG: &str = "msg_01JDEADBEEF0000000000ABCDEF";
+
+fn group(
+    name: &str,
+    lag_messages: i64,
+    lag_seconds: f64,
+    drain: Drain,
+    verdict: Level,
+) -> BacklogRow {
+    BacklogRow {
+        group: name.into(),
+        topic: name.replace("CG_", "T_"),
+        lag_messages,
+        lag_seconds,
+        retry_lag_messages: 0,
+        inflight: Some(0),
+        consume_per_s: Some(3_000.0),
+        produce_per_s: Some(0.0),
+        drain: Some(drain),
+        seconds_to_oldest_expiry: Some(240.0),
+        verdict,
+    }
+}
+
+fn ticket(id: &str, owner: Option<&str>) -> Ticket {
+    let at = Utc.timestamp_millis_opt(NOW - 600_000).unwrap();
+    Ticket {
+        ticket_id: id.into(),
+        consumer_group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
+        error_class: FailureClass::DbTimeout,
+        status: TicketStatus::Open,
+        owner: owner.map(str::to_owned),
+        resolution: None,
+        opened_at: at,
+        updated_at: at,
+        closed_at: None,
+        messages: 3,
+        dead: 2,
+        oldest_dead_at: Some(at),
+    }
+}
+
+fn entry(message_id: &str) -> DlqEntry {
+    let at = Utc.timestamp_millis_opt(NOW - 300_000).unwrap();
+    DlqEntry {
+        consumer_group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
+        message_id: message_id.into(),
+        ticket_id: Some("tkt_A".into()),
+        original_topic: "PROD_SECKILL_ORDER_CREATE_V1".into(),
+        broker_msg_id: "7F0000010000".into(),
+        error_class: FailureClass::DbTimeout,
+        delivery_attempts: 4,
+        status: DlqEntryStatus::Dead,
+        replay_count: 0,
+        dead_at: at,
+        mirrored_at: at,
+        verified_at: None,
+        body: Vec::new(),
+        properties: serde_json::Value::Null,
+    }
+}
+
+fn inputs_ok() -> AlertInputs {
+    AlertInputs {
+        pending_oldest_age_s: Some(0.0),
+        consumer_lag_s: Some(0.3),
+        send_unknown: Some(Ratio { bad: 0, total: 100 }),
+        ack_failure: Some(Ratio { bad: 0, total: 100 }),
+        dlq_dead: Some(0),
+        dlq_oldest_age_s: None,
+        pool_wait_p95_ms: Some(0.4),
+        order_tx_p99_ms: Some(12.5),
+        expiring: Some(0),
+        expiring_before: Some(0),
+    }
+}
+
+fn healthy() -> Data {
+    Data {
+        at_ms: NOW,
+        components: ["postgresql", "redis", "rocketmq", "engine"]
+            .map(|n| Component {
+                name: n.into(),
+                up: true,
+                error: None,
+            })
+            .into(),
+        backlog: vec![
+            group(
+                "CG_SECKILL_ORDER_CREATE_PG_V1",
+                0,
+                0.0,
+                Drain::Empty,
+                Level::Ok,
+            ),
+            group(
+                "CG_SECKILL_ORDER_TIMEOUT_V1",
+                12,
+                0.3,
+                Drain::In(0.1),
+                Level::Ok,
+            ),
+        ],
+        pending: vec![PendingRow {
+            activity_id: ActivityId(77),
+            count: 0,
+            oldest_age_s: None,
+            next_due_in_s: None,
+            seconds_to_oldest_expiry: None,
+            attempts: BTreeMap::new(),
+            expiring: 0,
+            truncated: false,
+            verdict: Level::Ok,
+        }],
+        pg: PgView {
+            pool: Some(PoolRow {
+                size: 6,
+                idle: 4,
+                in_use: 2,
+                max: 16,
+                acquire_wait_p95_ms: 0.4,
+            }),
+            order_tx_p99_ms: Some(12.5),
+            server: Some(ServerRow {
+                active: 2,
+                idle_in_transaction: 0,
+                lock_waiters: 0,
+                io_wait_share: 0.0,
+                commits_per_s: Some(410.0),
+                wal_bytes_per_s: Some(512_000.0),
+                longest_tx_s: 0.02,
+                connections: 12,
+                max_connections: 100,
+            }),
+        },
+        alerts: alerts::evaluate(&AlertConfig::default(), &inputs_ok()),
+        tickets: vec![],
+    }
+}
+
+fn critical() -> Data {
+    let mut d = healthy();
+    d.backlog[0] = group(
+        "CG_SECKILL_ORDER_CREATE_PG_V1",
+        8_000,
+        4.2,
+        Drain::Never,
+        Level::Critical,
+    );
+    d.tickets = vec![ticket("tkt_A", Some("alice")), ticket("tkt_B", None)];
+    d.alerts = alerts::evaluate(
+        &AlertConfig::default(),
+        &AlertInputs {
+            consumer_lag_s: Some(4.2),
+            dlq_dead: Some(4),
+            dlq_oldest_age_s: Some(600.0),
+            ..Default::default()
+        },
+    );
+    d
+}
+
+fn broker_down() -> Data {
+    let mut d = healthy();
+    d.components[2] = Component {
+        name: "rocketmq".into(),
+        up: false,
+        error: Some("connection refused".into()),
+    };
+    d.backlog.clear();
+    d.alerts = alerts::evaluate(
+        &AlertConfig::default(),
+        &AlertInputs {
+            consumer_lag_s: None,
+            expiring: None,
+            ..inputs_ok()
+        },
+    );
+    d
+}
+
+fn state_with(d: Data) -> State {
+    let mut s = State::new(Duration::from_secs(1), false);
+    update(&mut s, Msg::Refreshed(Box::new(d)));
+    s
+}
+
+fn screen(s: &State) -> String {
+    let mut t = Terminal::new(TestBackend::new(130, 40)).unwrap();
+    t.draw(|f| crate::ui::render(s, f)).unwrap();
+    t.backend().to_string()
+}
+
+fn key(s: &mut State, k: Key) -> Option<Effect> {
+    update(s, Msg::Key(k))
+}
+
+fn type_text(s: &mut State, text: &str) {
+    for c in text.chars() {
+        assert_eq!(key(s, Key::Char(c)), None);
+    }
+}
+
+/// A state inside ticket tkt_A with two messages loaded.
+fn drilled(readonly: bool) -> State {
+    let mut s = state_with(critical());
+    s.readonly = readonly;
+    key(&mut s, Key::Tab);
+    assert_eq!(
+        key(&mut s, Key::Enter),
+        Some(Effect::LoadTicket("tkt_A".into()))
+    );
+    let e = update(
+        &mut s,
+        Msg::TicketLoaded {
+            ticket_id: "tkt_A".into(),
+            result: Ok((
+                Some(ticket("tkt_A", Some("alice"))),
+                vec![entry(MSG), entry("msg_01JSECOND000000000000000001")],
+            )),
+        },
+    );
+    assert_eq!(
+        e,
+        Some(Effect::Precheck {
+            group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
+            message_id: MSG.into()
+        })
+    );
+    s
+}
+
+fn verdicts() -> Vec<Verdict> {
+    let v = |check, level, evidence: &str| Verdict {
+        check,
+        level,
+        evidence: evidence.into(),
+        forced: false,
+    };
+    vec![
+        v(Check::Mirrored, replay::Level::Pass, "in dlq_messages"),
+        v(Check::Inbox, replay::Level::Pass, "no inbox row"),
+        v(Check::Order, replay::Level::Pass, "no order"),
+        v(
+            Check::Validity,
+            replay::Level::Warn,
+            "valid_until passed 40 s ago: the replay will be rejected and compensated once",
+        ),
+    ]
+}
+
+fn report(decision: ReplayDecision) -> ReplayReport {
+    ReplayReport {
+        replay_id: "rpl_1".into(),
+        consumer_group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
+        message_id: MSG.into(),
+        ticket_id: Some("tkt_A".into()),
+        checks: verdicts(),
+        decision,
+        outcome: ReplayOutcome::NotSent,
+        replay_count: 1,
+        detail: "dry run; nothing was sent".into(),
+    }
+}
+
+#[test]
+fn q_and_ctrl_c_quit() {
+    let mut s = state_with(healthy());
+    assert_eq!(key(&mut s, Key::Char('q')), Some(Effect::Quit));
+    assert_eq!(update(&mut s, Msg::Quit), Some(Effect::Quit));
+}
+
+#[test]
+fn question_mark_opens_help_and_any_key_closes_it() {
+    let mut s = state_with(healthy());
+    key(&mut s, Key::Char('?'));
+    assert_eq!(s.mode, Mode::Help);
+    assert_eq!(key(&mut s, Key::Char('x')), None);
+    assert_eq!(s.mode, Mode::Normal);
+}
+
+#[test]
+fn tab_switches_panels_and_arrows_move_within_them() {
+    let mut s = state_with(critical());
+    assert_eq!(s.focus, Focus::Backlog);
+    key(&mut s, Key::Down);
+    assert_eq!(s.sel_backlog, 1);
+    key(&mut s, Key::Down);
+    assert_eq!(s.sel_backlog, 1, "stops at the last row");
+    key(&mut s, Key::Up);
+    key(&mut s, Key::Up);
+    assert_eq!(s.sel_backlog, 0);
+    key(&mut s, Key::Tab);
+    assert_eq!(s.focus, Focus::Tickets);
+    key(&mut s, Key::Down);
+    assert_eq!(s.selected_ticket().unwrap().ticket_id, "tkt_B");
+    key(&mut s, Key::BackTab);
+    assert_eq!(s.focus, Focus::Backlog);
+}
+
+#[test]
+fn enter_opens_the_selected_ticket_only_from_the_ticket_panel() {
+    let mut s = state_with(critical());
+    assert_eq!(key(&mut s, Key::Enter), None, "backlog focused");
+    assert!(s.status.is_some());
+    let s = drilled(false);
+    assert_eq!(s.mode, Mode::Drill);
+    assert_eq!(s.drill.as_ref().unwrap().entries.len(), 2);
+}
+
+#[test]
+fn arrows_in_a_ticket_precheck_the_newly_selected_message() {
+    let mut s = drilled(false);
+    let e = key(&mut s, Key::Down);
+    assert_eq!(
+        e,
+        Some(Effect::Precheck {
+            group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
+            message_id: "msg_01JSECOND000000000000000001".into()
+        })
+    );
+    assert_eq!(key(&mut s, Key::Down), None, "already on the last one");
+    // A late answer for another message is not shown against this one.
+    update(
+        &mut s,
+        Msg::Verdicts {
+            message_id: MSG.into(),
+            result: Ok(verdicts()),
+        },
+    );
+    assert!(s.drill.as_ref().unwrap().verdicts.is_none());
+    key(&mut s, Key::Esc);
+    assert_eq!(s.mode, Mode::Normal);
+    assert!(s.drill.is_none());
+}
+
+#[test]
+fn r_dry_runs_then_a_real_replay_needs_the_suffix_and_a_reason() {
+    let mut s = drilled(false);
+    assert_eq!(
+        key(&mut s, Key::Char('r')),
+        Some(Effect::DryRun {
+            group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
+            message_id: MSG.into()
+        })
+    );
+    update(&mut s, Msg::DryRun(Ok(report(ReplayDecision::DryRun))));
+    assert!(matches!(&s.mode, Mode::Confirm(c) if c.stage == ConfirmStage::Suffix));
+    assert_eq!(suffix(MSG), "ABCDEF");
+    // A wrong suffix is refused and cleared.
+    type_text(&mut s, "ABCDEX");
+    assert_eq!(key(&mut s, Key::Enter), None);
+    assert!(matches!(&s.mode, Mode::Confirm(c) if c.stage == ConfirmStage::Suffix));
+    assert!(s.input.is_empty());
+    type_text(&mut s, "ABCDEF");
+    assert_eq!(key(&mut s, Key::Enter), None);
+    assert!(matches!(&s.mode, Mode::Confirm(c) if c.stage == ConfirmStage::Reason));
+    // An empty reason is refused.
+    type_text(&mut s, "  ");
+    assert_eq!(key(&mut s, Key::Enter), None);
+    key(&mut s, Key::Backspace);
+    key(&mut s, Key::Backspace);
+    type_text(&mut s, "PG is back");
+    assert_eq!(
+        key(&mut s, Key::Enter),
+        Some(Effect::Replay {
+            group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
+            message_id: MSG.into(),
+            reason: "PG is back".into()
+        })
+    );
+    assert_eq!(s.mode, Mode::Drill);
+    // The result reloads the ticket.
+    let mut done = report(ReplayDecision::Sent);
+    done.outcome = ReplayOutcome::Verified;
+    assert_eq!(
+        update(&mut s, Msg::Replayed(Ok(done))),
+        Some(Effect::LoadTicket("tkt_A".into()))
+    );
+    assert!(s.status.as_ref().unwrap().contains("VERIFIED"));
+}
+
+#[test]
+fn esc_abandons_a_confirmation_and_a_blocked_dry_run_never_asks() {
+    let mut s = drilled(false);
+    key(&mut s, Key::Char('r'));
+    update(&mut s, Msg::DryRun(Ok(report(ReplayDecision::DryRun))));
+    assert_eq!(key(&mut s, Key::Esc), None);
+    assert_eq!(s.mode, Mode::Drill);
+    update(&mut s, Msg::DryRun(Ok(report(ReplayDecision::Blocked))));
+    assert_eq!(s.mode, Mode::Drill, "blocked: nothing to confirm");
+    assert!(s.status.as_ref().unwrap().contains("BLOCKED"));
+}
+
+#[test]
+fn a_acknowledges_or_assigns() {
+    let mut s = state_with(critical());
+    key(&mut s, Key::Tab);
+    key(&mut s, Key::Char('a'));
+    assert_eq!(s.mode, Mode::Assign);
+    assert_eq!(key(&mut s, Key::Enter), Some(Effect::Ack("tkt_A".into())));
+    key(&mut s, Key::Char('a'));
+    type_text(&mut s, "bob");
+    assert_eq!(
+        key(&mut s, Key::Enter),
+        Some(Effect::Assign {
+            ticket_id: "tkt_A".into(),
+            owner: "bob".into()
+        })
+    );
+    key(&mut s, Key::Char('a'));
+    assert_eq!(key(&mut s, Key::Esc), None);
+    assert_eq!(s.mode, Mode::Normal);
+    // Inside a ticket, `a` acts on that ticket.
+    let mut d = drilled(false);
+    key(&mut d, Key::Char('a'));
+    assert_eq!(key(&mut d, Key::Enter), Some(Effect::Ack("tkt_A".into())));
+    assert_eq!(d.mode, Mode::Drill);
+}
+
+#[test]
+fn slash_filters_groups_and_tickets_and_esc_clears() {
+    let mut s = state_with(critical());
+    key(&mut s, Key::Char('/'));
+    assert_eq!(s.mode, Mode::Filter);
+    type_text(&mut s, "order_timeoutx");
+    key(&mut s, Key::Backspace);
+    key(&mut s, Key::Enter);
+    assert_eq!(s.filter, "order_timeout");
+    assert_eq!(s.backlog().len(), 1);
+    assert!(s.tickets().is_empty(), "both tickets are order-create");
+    key(&mut s, Key::Char('/'));
+    type_text(&mut s, "zzz");
+    key(&mut s, Key::Esc);
+    assert_eq!(
+        s.filter, "order_timeout",
+        "Esc while typing keeps the old filter"
+    );
+    key(&mut s, Key::Esc);
+    assert_eq!(s.filter, "");
+    assert_eq!(s.backlog().len(), 2);
+}
+
+#[test]
+fn readonly_hides_every_mutating_key() {
+    let mut s = drilled(true);
+    assert_eq!(key(&mut s, Key::Char('r')), None);
+    assert_eq!(key(&mut s, Key::Char('a')), None);
+    assert_eq!(s.mode, Mode::Drill);
+    // A dry-run result (from elsewhere) never opens a confirmation either.
+    update(&mut s, Msg::DryRun(Ok(report(ReplayDecision::DryRun))));
+    assert_eq!(s.mode, Mode::Drill);
+    assert!(!screen(&s).contains("r dry-run"));
+}
+
+#[test]
+fn a_down_component_keeps_its_last_seen_time_and_history_is_bounded() {
+    let mut s = state_with(healthy());
+    let mut later = broker_down();
+    later.at_ms = NOW + 42_000;
+    update(&mut s, Msg::Refreshed(Box::new(later)));
+    assert_eq!(s.last_seen["rocketmq"], NOW);
+    assert!(screen(&s).contains("rocketmq DOWN (last seen 42s ago)"));
+    for i in 0..400 {
+        let mut d = healthy();
+        d.at_ms = NOW + i * 1000;
+        update(&mut s, Msg::Refreshed(Box::new(d)));
+    }
+    assert_eq!(
+        s.lag_history["CG_SECKILL_ORDER_CREATE_PG_V1"].len(),
+        300,
+        "5 minutes at 1 s"
+    );
+    update(&mut s, Msg::RefreshFailed("boom".into()));
+    assert!(
+        s.data.is_some(),
+        "a failed refresh keeps the last data on screen"
+    );
+}
+
+#[test]
+fn snapshot_healthy() {
+    insta::assert_snapshot!(screen(&state_with(healthy())));
+}
+
+#[test]
+fn snapshot_backlog_critical() {
+    let mut s = state_with(critical());
+    // A rising lag for the sparkline.
+    for (i, lag) in [0.5, 1.0, 2.0, 3.0, 4.2].into_iter().enumerate() {
+        let mut d = critical();
+        d.at_ms = NOW + i as i64 * 1000;
+        d.backlog[0].lag_seconds = lag;
+        update(&mut s, Msg::Refreshed(Box::new(d)));
+    }
+    insta::assert_snapshot!(screen(&s));
+}
+
+#[test]
+fn snapshot_broker_down() {
+    let mut s = state_with(healthy());
+    let mut d = broker_down();
+    d.at_ms = NOW + 65_000;
+    update(&mut s, Msg::Refreshed(Box::new(d)));
+    insta::assert_snapshot!(screen(&s));
+}
+
+#[test]
+fn snapshot_ticket_drill_down() {
+    let mut s = drilled(false);
+    update(
+        &mut s,
+        Msg::Verdicts {
+            message_id: MSG.into(),
+            result: Ok(verdicts()),
+        },
+    );
+    insta::assert_snapshot!(screen(&s));
+}

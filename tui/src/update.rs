@@ -1,0 +1,440 @@
+//! `update(&mut State, Msg) -> Option<Effect>`: every key and every
+//! result, with no I/O (STYLE.md, TUI). The loop in [`crate::app`] runs
+//! the returned [`Effect`].
+
+use crate::state::{Confirm, ConfirmStage, Data, Drill, Focus, HISTORY, Mode, State};
+use seckill_engine::dlq::replay::{ReplayReport, Verdict};
+use seckill_engine::dlq::tickets::{DlqEntry, Ticket};
+use seckill_engine::status::ReplayDecision;
+
+/// A key, already decoded from the terminal's event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    Char(char),
+    Up,
+    Down,
+    Tab,
+    BackTab,
+    Enter,
+    Esc,
+    Backspace,
+}
+
+#[derive(Debug)]
+pub enum Msg {
+    Key(Key),
+    Refreshed(Box<Data>),
+    RefreshFailed(String),
+    TicketLoaded {
+        ticket_id: String,
+        result: Result<(Option<Ticket>, Vec<DlqEntry>), String>,
+    },
+    Verdicts {
+        message_id: String,
+        result: Result<Vec<Verdict>, String>,
+    },
+    DryRun(Result<ReplayReport, String>),
+    Replayed(Result<ReplayReport, String>),
+    TicketChanged(Result<Ticket, String>),
+    /// Ctrl-C, SIGTERM.
+    Quit,
+}
+
+/// What the loop must do: the only way `update` causes I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    Quit,
+    LoadTicket(String),
+    Precheck {
+        group: String,
+        message_id: String,
+    },
+    DryRun {
+        group: String,
+        message_id: String,
+    },
+    Replay {
+        group: String,
+        message_id: String,
+        reason: String,
+    },
+    Ack(String),
+    Assign {
+        ticket_id: String,
+        owner: String,
+    },
+}
+
+/// The last 6 characters the operator must type to replay for real.
+pub fn suffix(message_id: &str) -> &str {
+    let n = message_id.chars().count();
+    let skip = n.saturating_sub(6);
+    let start = message_id
+        .char_indices()
+        .nth(skip)
+        .map_or(message_id.len(), |(i, _)| i);
+    &message_id[start..]
+}
+
+fn step(sel: &mut usize, len: usize, down: bool) {
+    if len == 0 {
+        *sel = 0;
+    } else if down {
+        *sel = (*sel + 1).min(len - 1);
+    } else {
+        *sel = sel.saturating_sub(1);
+    }
+}
+
+fn clamp(sel: &mut usize, len: usize) {
+    *sel = (*sel).min(len.saturating_sub(1));
+}
+
+pub fn update(s: &mut State, msg: Msg) -> Option<Effect> {
+    match msg {
+        Msg::Quit => Some(Effect::Quit),
+        Msg::Key(k) => key(s, k),
+        Msg::Refreshed(data) => {
+            refreshed(s, *data);
+            None
+        }
+        Msg::RefreshFailed(e) => {
+            s.refresh_error = Some(e);
+            None
+        }
+        Msg::TicketLoaded { ticket_id, result } => {
+            let d = s.drill.as_mut().filter(|d| d.ticket_id == ticket_id)?;
+            match result {
+                Ok((ticket, entries)) => {
+                    d.ticket = ticket;
+                    d.entries = entries;
+                    d.error = None;
+                    clamp(&mut d.selected, d.entries.len());
+                    precheck(d)
+                }
+                Err(e) => {
+                    d.error = Some(e);
+                    None
+                }
+            }
+        }
+        Msg::Verdicts { message_id, result } => {
+            let d = s.drill.as_mut()?;
+            if d.entry().is_some_and(|e| e.message_id == message_id) {
+                d.verdicts = Some(result);
+            }
+            None
+        }
+        Msg::DryRun(result) => {
+            match result {
+                Ok(report) => {
+                    let blocked = report.decision == ReplayDecision::Blocked;
+                    s.status = Some(if blocked {
+                        format!(
+                            "dry run of {}: BLOCKED by a pre-check; nothing can be sent",
+                            report.message_id
+                        )
+                    } else {
+                        format!(
+                            "dry run of {}: would send. Type its last 6 characters ({}) to replay for real, Esc to stop",
+                            report.message_id,
+                            suffix(&report.message_id)
+                        )
+                    });
+                    if !blocked && !s.readonly {
+                        s.input.clear();
+                        s.mode = Mode::Confirm(Confirm {
+                            group: report.consumer_group.clone(),
+                            message_id: report.message_id.clone(),
+                            stage: ConfirmStage::Suffix,
+                        });
+                    }
+                    if let Some(d) = s.drill.as_mut() {
+                        d.verdicts = Some(Ok(report.checks.clone()));
+                        d.dry_run = Some(report);
+                    }
+                }
+                Err(e) => s.status = Some(format!("dry run failed: {e}")),
+            }
+            None
+        }
+        Msg::Replayed(result) => {
+            s.status = Some(match &result {
+                Ok(r) => format!(
+                    "replay {} of {}: {}, {} {}",
+                    r.replay_id, r.message_id, r.decision, r.outcome, r.detail
+                ),
+                Err(e) => format!("replay failed: {e}"),
+            });
+            s.drill
+                .as_ref()
+                .map(|d| Effect::LoadTicket(d.ticket_id.clone()))
+        }
+        Msg::TicketChanged(result) => {
+            s.status = Some(match result {
+                Ok(t) => format!(
+                    "ticket {} is {}{}",
+                    t.ticket_id,
+                    t.status,
+                    t.owner.map(|o| format!(", owner {o}")).unwrap_or_default()
+                ),
+                Err(e) => format!("ticket not changed: {e}"),
+            });
+            s.drill
+                .as_ref()
+                .map(|d| Effect::LoadTicket(d.ticket_id.clone()))
+        }
+    }
+}
+
+fn precheck(d: &mut Drill) -> Option<Effect> {
+    d.verdicts = None;
+    d.dry_run = None;
+    d.entry().map(|e| Effect::Precheck {
+        group: e.consumer_group.clone(),
+        message_id: e.message_id.clone(),
+    })
+}
+
+fn refreshed(s: &mut State, data: Data) {
+    let keep = (HISTORY.as_millis() / s.refresh.as_millis().max(1)) as usize;
+    for r in &data.backlog {
+        let h = s.lag_history.entry(r.group.clone()).or_default();
+        h.push_back((r.lag_seconds * 1000.0) as u64);
+        while h.len() > keep.max(1) {
+            h.pop_front();
+        }
+    }
+    for c in data.components.iter().filter(|c| c.up) {
+        s.last_seen.insert(c.name.clone(), data.at_ms);
+    }
+    s.refresh_error = None;
+    s.data = Some(data);
+    let (b, t) = (s.backlog().len(), s.tickets().len());
+    clamp(&mut s.sel_backlog, b);
+    clamp(&mut s.sel_ticket, t);
+}
+
+/// The ticket under the cursor: the drilled one, else the selected row.
+fn ticket_in_view(s: &State) -> Option<String> {
+    match (&s.mode, &s.drill) {
+        (Mode::Drill, Some(d)) => Some(d.ticket_id.clone()),
+        _ => s.selected_ticket().map(|t| t.ticket_id.clone()),
+    }
+}
+
+fn key(s: &mut State, k: Key) -> Option<Effect> {
+    match s.mode.clone() {
+        Mode::Help => {
+            s.mode = if s.drill.is_some() {
+                Mode::Drill
+            } else {
+                Mode::Normal
+            };
+            None
+        }
+        Mode::Filter => {
+            match k {
+                Key::Enter => {
+                    s.filter = s.input.trim().to_owned();
+                    s.mode = Mode::Normal;
+                    s.sel_backlog = 0;
+                    s.sel_ticket = 0;
+                }
+                Key::Esc => s.mode = Mode::Normal,
+                _ => edit(&mut s.input, k),
+            }
+            None
+        }
+        Mode::Assign => match k {
+            Key::Esc => {
+                s.mode = back(s);
+                None
+            }
+            Key::Enter => {
+                s.mode = back(s);
+                let ticket_id = ticket_in_view(s)?;
+                let owner = s.input.trim().to_owned();
+                Some(if owner.is_empty() {
+                    Effect::Ack(ticket_id)
+                } else {
+                    Effect::Assign { ticket_id, owner }
+                })
+            }
+            _ => {
+                edit(&mut s.input, k);
+                None
+            }
+        },
+        Mode::Confirm(c) => confirm(s, c, k),
+        Mode::Drill => drill_key(s, k),
+        Mode::Normal => normal_key(s, k),
+    }
+}
+
+fn back(s: &State) -> Mode {
+    if s.drill.is_some() {
+        Mode::Drill
+    } else {
+        Mode::Normal
+    }
+}
+
+fn edit(input: &mut String, k: Key) {
+    match k {
+        Key::Char(c) if !c.is_control() && input.chars().count() < 200 => input.push(c),
+        Key::Backspace => {
+            input.pop();
+        }
+        _ => {}
+    }
+}
+
+fn common(s: &mut State, k: Key) -> Option<Option<Effect>> {
+    match k {
+        Key::Char('q') => Some(Some(Effect::Quit)),
+        Key::Char('?') => {
+            s.mode = Mode::Help;
+            Some(None)
+        }
+        Key::Char('a') if !s.readonly => {
+            if ticket_in_view(s).is_none() {
+                s.status = Some("no ticket selected".into());
+            } else {
+                s.input.clear();
+                s.mode = Mode::Assign;
+            }
+            Some(None)
+        }
+        _ => None,
+    }
+}
+
+fn normal_key(s: &mut State, k: Key) -> Option<Effect> {
+    if let Some(e) = common(s, k) {
+        return e;
+    }
+    match k {
+        Key::Tab | Key::BackTab => {
+            s.focus = match s.focus {
+                Focus::Backlog => Focus::Tickets,
+                Focus::Tickets => Focus::Backlog,
+            };
+            None
+        }
+        Key::Up | Key::Down => {
+            let down = k == Key::Down;
+            match s.focus {
+                Focus::Backlog => {
+                    let n = s.backlog().len();
+                    step(&mut s.sel_backlog, n, down);
+                }
+                Focus::Tickets => {
+                    let n = s.tickets().len();
+                    step(&mut s.sel_ticket, n, down);
+                }
+            }
+            None
+        }
+        Key::Enter => {
+            if s.focus != Focus::Tickets {
+                s.status = Some("Tab to the DLQ tickets, then Enter to open one".into());
+                return None;
+            }
+            let id = s.selected_ticket()?.ticket_id.clone();
+            s.drill = Some(Drill::new(id.clone()));
+            s.mode = Mode::Drill;
+            Some(Effect::LoadTicket(id))
+        }
+        Key::Char('/') => {
+            s.input = s.filter.clone();
+            s.mode = Mode::Filter;
+            None
+        }
+        Key::Esc => {
+            s.filter.clear();
+            s.status = None;
+            None
+        }
+        _ => None,
+    }
+}
+
+fn drill_key(s: &mut State, k: Key) -> Option<Effect> {
+    if let Some(e) = common(s, k) {
+        return e;
+    }
+    let d = s.drill.as_mut()?;
+    match k {
+        Key::Esc => {
+            s.drill = None;
+            s.mode = Mode::Normal;
+            None
+        }
+        Key::Up | Key::Down => {
+            let before = d.selected;
+            step(&mut d.selected, d.entries.len(), k == Key::Down);
+            if d.selected != before {
+                precheck(d)
+            } else {
+                None
+            }
+        }
+        Key::Char('r') if !s.readonly => {
+            let e = d.entry()?;
+            let effect = Effect::DryRun {
+                group: e.consumer_group.clone(),
+                message_id: e.message_id.clone(),
+            };
+            s.status = Some(format!("dry run of {}…", e.message_id));
+            Some(effect)
+        }
+        _ => None,
+    }
+}
+
+fn confirm(s: &mut State, c: Confirm, k: Key) -> Option<Effect> {
+    match (k, c.stage) {
+        (Key::Esc, _) => {
+            s.mode = Mode::Drill;
+            s.status = Some("replay not sent".into());
+            None
+        }
+        (Key::Enter, ConfirmStage::Suffix) => {
+            if s.input == suffix(&c.message_id) {
+                s.input.clear();
+                s.mode = Mode::Confirm(Confirm {
+                    stage: ConfirmStage::Reason,
+                    ..c
+                });
+                s.status = Some("why is this replay safe? (recorded in the audit)".into());
+            } else {
+                s.status = Some(format!(
+                    "{:?} does not match; type the last 6 characters of {}",
+                    s.input, c.message_id
+                ));
+                s.input.clear();
+            }
+            None
+        }
+        (Key::Enter, ConfirmStage::Reason) => {
+            let reason = s.input.trim().to_owned();
+            if reason.is_empty() {
+                s.status = Some("a reason is required".into());
+                return None;
+            }
+            s.input.clear();
+            s.mode = Mode::Drill;
+            s.status = Some(format!("replaying {}…", c.message_id));
+            Some(Effect::Replay {
+                group: c.group,
+                message_id: c.message_id,
+                reason,
+            })
+        }
+        _ => {
+            edit(&mut s.input, k);
+            None
+        }
+    }
+}
