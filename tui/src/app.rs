@@ -98,6 +98,7 @@ fn data(
         pg: view::pg(prev, cur),
         alerts: alerts::evaluate(&cfg.alerts, &view::alert_inputs(prev, cur)),
         tickets,
+        tickets_error: None,
     }
 }
 
@@ -114,14 +115,22 @@ fn spawn_refresher(cfg: Config, rt: Arc<ClientRuntime>, every: Duration, tx: mps
             if pool.is_none() {
                 pool = db::connect_unchecked(&cfg).await.ok();
             }
-            let open = match &pool {
-                Some(p) => tickets::list_tickets(p, None)
-                    .await
-                    .map(|t| t.into_iter().filter(|t| t.closed_at.is_none()).collect())
-                    .unwrap_or_default(),
-                None => Vec::new(),
+            let limit = cfg.admin_timeout();
+            let (open, tickets_error) = match &pool {
+                Some(p) => {
+                    match tokio::time::timeout(limit, tickets::list_tickets(p, None)).await {
+                        Ok(Ok(t)) => (
+                            t.into_iter().filter(|t| t.closed_at.is_none()).collect(),
+                            None,
+                        ),
+                        Ok(Err(e)) => (Vec::new(), Some(e.to_string())),
+                        Err(_) => (Vec::new(), Some(format!("no answer within {limit:?}"))),
+                    }
+                }
+                None => (Vec::new(), Some("PostgreSQL is not connected".to_owned())),
             };
-            let d = data(history.push(cur.clone()), &cur, &cfg, &names, open);
+            let mut d = data(history.push(cur.clone()), &cur, &cfg, &names, open);
+            d.tickets_error = tickets_error;
             if tx.send(Msg::Refreshed(Box::new(d))).await.is_err() {
                 break;
             }
@@ -283,12 +292,14 @@ pub async fn run(cfg: Config, rt: Arc<ClientRuntime>, opts: Options) -> Result<(
     spawn_refresher(cfg.clone(), rt.clone(), opts.refresh, tx.clone());
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut state = State::new(opts.refresh, opts.readonly);
+    let mut clock = tokio::time::interval(opts.refresh);
     loop {
         terminal.draw(|f| crate::ui::render(&state, f))?;
         let msg = tokio::select! {
             biased;
             m = rx.recv() => m.unwrap_or(Msg::Quit),
             _ = sigterm.recv() => Msg::Quit,
+            _ = clock.tick() => Msg::Tick(chrono::Utc::now().timestamp_millis()),
         };
         match update(&mut state, msg) {
             Some(Effect::Quit) => break,

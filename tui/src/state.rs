@@ -32,6 +32,9 @@ pub struct Data {
     pub alerts: Vec<Alert>,
     /// Tickets not CLOSED.
     pub tickets: Vec<Ticket>,
+    /// Why the tickets could not be read (the panel says so rather than
+    /// showing "none open").
+    pub tickets_error: Option<String>,
 }
 
 impl Data {
@@ -132,6 +135,8 @@ pub struct State {
     pub drill: Option<Drill>,
     /// One line of feedback (the last action's result).
     pub status: Option<String>,
+    /// The loop's clock (ms since the epoch), to tell stale data.
+    pub now_ms: i64,
 }
 
 impl State {
@@ -151,6 +156,7 @@ impl State {
             mode: Mode::Normal,
             drill: None,
             status: None,
+            now_ms: 0,
         }
     }
 
@@ -186,6 +192,14 @@ impl State {
 
     pub fn selected_ticket(&self) -> Option<&Ticket> {
         self.tickets().get(self.sel_ticket).copied()
+    }
+
+    /// How old the data on screen is, once it is older than three refreshes:
+    /// a stuck source must show, not freeze the numbers silently.
+    pub fn stale_ms(&self) -> Option<i64> {
+        let at = self.data.as_ref()?.at_ms;
+        let age = self.now_ms - at;
+        (self.now_ms > 0 && age > 3 * self.refresh.as_millis() as i64).then_some(age)
     }
 
     /// The worst firing alert's state, for the header.

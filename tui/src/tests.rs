@@ -155,6 +155,7 @@ fn healthy() -> Data {
         },
         alerts: alerts::evaluate(&AlertConfig::default(), &inputs_ok()),
         tickets: vec![],
+        tickets_error: None,
     }
 }
 
@@ -496,6 +497,27 @@ fn a_down_component_keeps_its_last_seen_time_and_history_is_bounded() {
         s.data.is_some(),
         "a failed refresh keeps the last data on screen"
     );
+}
+
+#[test]
+fn data_older_than_three_refreshes_is_marked_stale() {
+    let mut s = state_with(healthy());
+    update(&mut s, Msg::Tick(NOW + 2_000));
+    assert!(!screen(&s).contains("STALE"));
+    update(&mut s, Msg::Tick(NOW + 10_000));
+    assert!(
+        screen(&s).contains("STALE: last refresh 10s ago"),
+        "{}",
+        screen(&s)
+    );
+}
+
+#[test]
+fn unreadable_tickets_are_not_shown_as_none_open() {
+    let mut d = healthy();
+    d.tickets_error = Some("PostgreSQL did not answer".into());
+    let s = state_with(d);
+    assert!(screen(&s).contains("DLQ tickets: unreadable (PostgreSQL did not answer)"));
 }
 
 #[test]

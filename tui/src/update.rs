@@ -36,6 +36,8 @@ pub enum Msg {
     DryRun(Result<ReplayReport, String>),
     Replayed(Result<ReplayReport, String>),
     TicketChanged(Result<Ticket, String>),
+    /// The loop's clock, once per refresh interval.
+    Tick(i64),
     /// Ctrl-C, SIGTERM.
     Quit,
 }
@@ -93,6 +95,10 @@ fn clamp(sel: &mut usize, len: usize) {
 pub fn update(s: &mut State, msg: Msg) -> Option<Effect> {
     match msg {
         Msg::Quit => Some(Effect::Quit),
+        Msg::Tick(now_ms) => {
+            s.now_ms = now_ms;
+            None
+        }
         Msg::Key(k) => key(s, k),
         Msg::Refreshed(data) => {
             refreshed(s, *data);

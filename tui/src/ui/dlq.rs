@@ -56,10 +56,10 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
     )
     .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
     .block(panel(
-        if empty {
-            "DLQ tickets: none open"
-        } else {
-            "DLQ tickets"
+        &match s.data.as_ref().and_then(|d| d.tickets_error.as_deref()) {
+            Some(e) => format!("DLQ tickets: unreadable ({e})"),
+            None if empty => "DLQ tickets: none open".to_owned(),
+            None => "DLQ tickets".to_owned(),
         },
         s.focus == Focus::Tickets,
     ));

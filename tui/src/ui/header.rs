@@ -39,6 +39,12 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
                     ));
                 }
             }
+            if let Some(age_ms) = s.stale_ms() {
+                spans.push(Span::styled(
+                    format!("│ STALE: last refresh {} ago ", age(age_ms)),
+                    Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
+                ));
+            }
             spans.push(Span::raw("│ "));
             match d.worst_alert() {
                 Some(a) => spans.push(Span::styled(
