@@ -310,3 +310,45 @@ pub async fn run(cfg: Config, rt: Arc<ClientRuntime>, opts: Options) -> Result<(
     stop.store(true, Ordering::Relaxed);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossterm::event::{KeyEvent, KeyEventState};
+
+    fn ev(code: KeyCode, modifiers: KeyModifiers, kind: KeyEventKind) -> Event {
+        Event::Key(KeyEvent {
+            code,
+            modifiers,
+            kind,
+            state: KeyEventState::NONE,
+        })
+    }
+
+    #[test]
+    fn ctrl_c_quits_and_only_presses_count() {
+        let press = KeyEventKind::Press;
+        assert!(matches!(
+            decode(ev(KeyCode::Char('c'), KeyModifiers::CONTROL, press)),
+            Some(Msg::Quit)
+        ));
+        assert!(matches!(
+            decode(ev(KeyCode::Char('c'), KeyModifiers::NONE, press)),
+            Some(Msg::Key(Key::Char('c')))
+        ));
+        assert!(matches!(
+            decode(ev(KeyCode::BackTab, KeyModifiers::SHIFT, press)),
+            Some(Msg::Key(Key::BackTab))
+        ));
+        assert!(
+            decode(ev(
+                KeyCode::Char('q'),
+                KeyModifiers::NONE,
+                KeyEventKind::Release
+            ))
+            .is_none()
+        );
+        assert!(decode(ev(KeyCode::F(5), KeyModifiers::NONE, press)).is_none());
+        assert!(decode(Event::FocusGained).is_none());
+    }
+}
