@@ -94,6 +94,7 @@ mod tests {
             drain,
             seconds_to_oldest_expiry: Some(10.0),
             expiring: 0,
+            near_horizon_s: 30.0,
             pool_wait_p95_ms: Some(pool_wait_ms),
             tx_p99_ms: Some(50.0),
             io_wait_share: Some(0.0),

@@ -19,6 +19,9 @@ pub struct ScaleInputs {
     pub seconds_to_oldest_expiry: Option<f64>,
     /// Unconsumed reservations due to expire within the horizon.
     pub expiring: u64,
+    /// How close `valid_until` must be before a backlog that does not drain
+    /// at current rates counts as "near expiry" (`[alerts] expiry_horizon_s`).
+    pub near_horizon_s: f64,
     pub pool_wait_p95_ms: Option<f64>,
     pub tx_p99_ms: Option<f64>,
     /// Share of active server backends waiting on WAL or data-file I/O.
@@ -173,13 +176,17 @@ pub fn classify_lag(i: &ScaleInputs) -> LagState {
 }
 
 /// The backlog will not be consumed before reservations expire (seed
-/// §21.2): it drains after the oldest `valid_until`, or never, or the
-/// oldest reservation has less time left than the current lag. A short
-/// validity alone is not "near expiry" (the `expiring` alert covers that).
+/// §21.2): the oldest reservation has less time left than the current
+/// lag, or the backlog drains after its `valid_until`, or it does not
+/// drain at current rates and that `valid_until` is within the horizon.
+/// "Never" alone is not enough: during any burst production outpaces
+/// consumption for a moment, and a 5-minute validity is not at risk then.
+/// A short validity alone is not "near expiry" either (the `expiring`
+/// alert covers that).
 pub fn near_expiry(i: &ScaleInputs) -> bool {
     match (i.drain, i.seconds_to_oldest_expiry) {
         (_, Some(left)) if left < i.lag_seconds => true,
-        (Drain::Never, Some(_)) => true,
+        (Drain::Never, Some(left)) => left < i.near_horizon_s,
         (Drain::In(s), Some(left)) => s > left,
         _ => false,
     }
@@ -259,6 +266,7 @@ mod tests {
             drain: Drain::Empty,
             seconds_to_oldest_expiry: None,
             expiring: 0,
+            near_horizon_s: 30.0,
             pool_wait_p95_ms: Some(1.0),
             tx_p99_ms: Some(20.0),
             io_wait_share: Some(0.0),
@@ -381,6 +389,10 @@ mod tests {
         let mut i = lagging();
         i.pool_wait_p95_ms = Some(150.0);
         i.drain = Drain::Never;
+        // Not draining, but 240 s of validity left: a burst, not a shutdown.
+        assert!(!near_expiry(&i));
+        assert_eq!(advise(&i).action, Action::ReduceConcurrency);
+        i.seconds_to_oldest_expiry = Some(20.0);
         let a = advise(&i);
         assert_eq!((a.action, a.row), (Action::FailClosed, 6));
         assert!(a.near_expiry);

@@ -275,6 +275,7 @@ pub fn scale_inputs(
         drain: order.and_then(|r| r.drain).unwrap_or(Drain::Empty),
         seconds_to_oldest_expiry: to_expiry,
         expiring: expiring(cur),
+        near_horizon_s: cfg.alerts.expiry_horizon_s,
         pool_wait_p95_ms: pg.pool.as_ref().map(|p| p.acquire_wait_p95_ms),
         tx_p99_ms: pg.order_tx_p99_ms,
         io_wait_share: pg.server.as_ref().map(|s| s.io_wait_share),
