@@ -532,7 +532,7 @@ impl RocketAdmin {
 
     /// Lag of `group` on `topic` (DESIGN.md §10).
     pub async fn lag(&self, topic: &str, group: &str) -> Result<Lag, MqError> {
-        let d = self.lag_detail(topic, group, 1).await?;
+        let d = self.lag_detail(topic, group, 1, usize::MAX).await?;
         Ok(Lag {
             messages: d.messages,
             seconds: d.seconds,
@@ -553,6 +553,7 @@ impl RocketAdmin {
         topic: &str,
         group: &str,
         probe: i32,
+        max_queues: usize,
     ) -> Result<LagDetail, MqError> {
         let mut d = LagDetail::default();
         let mut oldest_store_ms: Option<i64> = None;
@@ -569,14 +570,20 @@ impl RocketAdmin {
                 ),
             )
             .await?;
+            let mut behind = Vec::new();
             for (mq, w) in &stats.offset_table {
                 let (consumer, head) = (w.get_consumer_offset().max(0), w.get_broker_offset());
                 d.broker_offsets += head;
                 d.consumer_offsets += consumer.min(head);
-                if head <= consumer {
-                    continue;
+                if head > consumer {
+                    d.messages += head - consumer;
+                    behind.push((mq, consumer, head - consumer));
                 }
-                d.messages += head - consumer;
+            }
+            // Deepest queues first: with round-robin sends they hold the
+            // oldest messages, so a bounded probe still finds the lag.
+            behind.sort_by_key(|(_, _, n)| std::cmp::Reverse(*n));
+            for (mq, consumer, _) in behind.into_iter().take(max_queues) {
                 let pulled = self
                     .pull_at(
                         &broker.addr,

@@ -157,6 +157,8 @@ pub struct Observer {
     /// The daemon lends its pool: never close it from here.
     owns_pool: bool,
     head_probe: i32,
+    /// Queues read per topic for the head messages (deepest first).
+    head_queues: usize,
 }
 
 fn now_ms() -> i64 {
@@ -179,6 +181,7 @@ impl Observer {
             read_engine: true,
             owns_pool: true,
             head_probe: HEAD_PROBE,
+            head_queues: usize::MAX,
         }
     }
 
@@ -200,6 +203,9 @@ impl Observer {
         // `valid_until`); reading 32 per queue every second during a burst
         // costs the consumer throughput.
         o.head_probe = 1;
+        // And from the 8 deepest queues only: 64 pulls a second measurably
+        // slowed the order consumer on a 2-core box (the issue-6 note).
+        o.head_queues = 8;
         o
     }
 
@@ -256,7 +262,8 @@ impl Observer {
                     self.admin.as_ref(),
                     &self.names,
                     at_ms + horizon_ms,
-                    self.head_probe
+                    self.head_probe,
+                    self.head_queues,
                 )
             ),
             bounded(limit * 2, pending(self.store.as_ref(), at_ms + horizon_ms)),
@@ -330,6 +337,7 @@ async fn groups(
     names: &Names,
     expiring_before_ms: i64,
     head_probe: i32,
+    head_queues: usize,
 ) -> Result<Vec<GroupSample>, String> {
     let admin = admin.ok_or(DOWN)?;
     let mut out = Vec::new();
@@ -341,12 +349,17 @@ async fn groups(
             1
         };
         let main = admin
-            .lag_detail(&topic, &group, probe)
+            .lag_detail(&topic, &group, probe, head_queues)
             .await
             .map_err(|e| format!("{group}: {e}"))?;
         // The retry topic exists only once something was retried.
         let retry = match admin
-            .lag_detail(&crate::mq::topics::retry_topic(&group), &group, 1)
+            .lag_detail(
+                &crate::mq::topics::retry_topic(&group),
+                &group,
+                1,
+                head_queues,
+            )
             .await
         {
             Ok(r) => r,
