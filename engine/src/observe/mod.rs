@@ -159,6 +159,9 @@ pub struct Observer {
     head_probe: i32,
     /// Queues read per topic for the head messages (deepest first).
     head_queues: usize,
+    /// The broker's uptime as last read, and when: its runtime stats are
+    /// not cheap for the broker, and a boot time changes only on restart.
+    uptime: Option<(std::time::Instant, Option<f64>)>,
 }
 
 fn now_ms() -> i64 {
@@ -182,6 +185,7 @@ impl Observer {
             owns_pool: true,
             head_probe: HEAD_PROBE,
             head_queues: usize::MAX,
+            uptime: None,
         }
     }
 
@@ -276,7 +280,7 @@ impl Observer {
                         .then_some((&self.http, &self.cfg.engine_url))
                 )
             ),
-            bounded(limit, broker_uptime(self.admin.as_ref())),
+            bounded(limit, broker_uptime(self.admin.as_ref(), self.uptime)),
         );
         let e = &mut errors;
         let groups = take(e, "rocketmq", groups).unwrap_or_default();
@@ -284,7 +288,12 @@ impl Observer {
         let pg = take(e, "postgresql", pg);
         let dlq = take(e, "dlq", dlq);
         let engine = take(e, "engine", engine).flatten();
-        let broker_uptime_s = take(e, "broker uptime", uptime).flatten();
+        let broker_uptime_s = take(e, "broker uptime", uptime).and_then(|(fresh, u)| {
+            if fresh {
+                self.uptime = Some((std::time::Instant::now(), u));
+            }
+            u
+        });
         Sample {
             at_ms,
             groups,
@@ -511,7 +520,19 @@ async fn engine(target: Option<(&reqwest::Client, &String)>) -> Result<Option<St
     })
 }
 
-async fn broker_uptime(admin: Option<&RocketAdmin>) -> Result<Option<f64>, String> {
+/// Re-read every minute; in between, the cached uptime plus the time since.
+const UPTIME_REFRESH: Duration = Duration::from_secs(60);
+
+/// The youngest broker's uptime, and whether it was read now (to cache).
+async fn broker_uptime(
+    admin: Option<&RocketAdmin>,
+    cached: Option<(std::time::Instant, Option<f64>)>,
+) -> Result<(bool, Option<f64>), String> {
+    if let Some((at, u)) = cached
+        && at.elapsed() < UPTIME_REFRESH
+    {
+        return Ok((false, u.map(|u| u + at.elapsed().as_secs_f64())));
+    }
     let admin = admin.ok_or(DOWN)?;
     let brokers = admin.brokers().await.map_err(|e| e.to_string())?;
     let mut youngest: Option<f64> = None;
@@ -524,5 +545,5 @@ async fn broker_uptime(admin: Option<&RocketAdmin>) -> Result<Option<f64>, Strin
             youngest = Some(youngest.map_or(u, |y: f64| y.min(u)));
         }
     }
-    Ok(youngest)
+    Ok((true, youngest))
 }
