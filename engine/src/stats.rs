@@ -127,9 +127,6 @@ impl Gauge {
     pub fn add(&self, n: i64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
-    pub fn set(&self, n: i64) {
-        self.0.store(n, Ordering::Relaxed);
-    }
     pub fn get(&self) -> i64 {
         self.0.load(Ordering::Relaxed)
     }

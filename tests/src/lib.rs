@@ -6,8 +6,12 @@
 use anyhow::Result;
 use redis::aio::ConnectionManager;
 use seckill_engine::config::Config;
+use seckill_engine::ids::{
+    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
+};
 use seckill_engine::mq::Names;
 use seckill_engine::mq::rocket::RocketAdmin;
+use seckill_engine::reservation::ReserveRequest;
 use seckill_engine::runtime::ClientRuntime;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
@@ -41,6 +45,62 @@ pub struct TestEnv {
     pub admin: RocketAdmin,
     /// A lowercase unique token, also the database name's suffix.
     pub token: String,
+}
+
+impl TestEnv {
+    /// This test's reservation store (its own key prefix).
+    pub fn store(&self) -> seckill_engine::reservation::ReservationStore {
+        seckill_engine::reservation::ReservationStore::new(
+            self.redis.clone(),
+            self.cfg.redis_prefix.clone(),
+        )
+    }
+
+    /// An activity with one SKU, seeded in PostgreSQL and Redis alike, with
+    /// a 15-minute pay window.
+    pub async fn seed_activity(
+        &self,
+        activity: ActivityId,
+        sku: SkuId,
+        stock: i64,
+        valid_for_ms: i64,
+    ) -> Result<()> {
+        seckill_engine::activity::create(
+            &self.pool,
+            &self.store(),
+            &seckill_engine::activity::NewActivity {
+                activity,
+                sku,
+                stock,
+                valid_for_ms,
+                pay_within_ms: 900_000,
+                force: false,
+            },
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// A fresh reservation request of `user`, made at `now_ms`, valid for `valid_for_ms`.
+pub fn reserve_request(
+    activity: ActivityId,
+    sku: SkuId,
+    user: i64,
+    now_ms: i64,
+    valid_for_ms: i64,
+) -> ReserveRequest {
+    ReserveRequest {
+        activity_id: activity,
+        sku_id: sku,
+        user_id: UserId(user),
+        request_id: RequestId::generate(),
+        reservation_id: ReservationId::generate(),
+        message_id: MessageId::generate(),
+        order_id: OrderId::generate(),
+        now_ms,
+        valid_until_ms: now_ms + valid_for_ms,
+    }
 }
 
 /// Which parts of the stack a test needs set up before it starts.

@@ -774,15 +774,7 @@ fn a_new_ticket_is_posted_to_the_webhook_once_delivered_with_its_id_as_the_idemp
 fn prechecks_are_read_only_and_match_the_dry_run() {
     run(Setup::Full, |env| async move {
         let (activity, sku) = (ActivityId(8), SkuId(1));
-        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
-            .bind(activity)
-            .execute(&env.pool)
-            .await?;
-        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 5, 5)")
-            .bind(activity)
-            .bind(sku)
-            .execute(&env.pool)
-            .await?;
+        env.seed_activity(activity, sku, 5, 300_000).await?;
         let dead = dead_entries(&env, "tkt_pre", activity, sku, 1).await?;
         let id = dead[0].message_id.to_string();
         let group = env.names.group(TopicKind::OrderCreate);

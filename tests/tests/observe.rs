@@ -4,45 +4,25 @@
 //! recovering in the daemon.
 
 use anyhow::{Result, ensure};
-use seckill_engine::activity::{self, NewActivity};
 use seckill_engine::backlog::{Drain, Level};
 use seckill_engine::config::Config;
-use seckill_engine::ids::{
-    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
-};
+use seckill_engine::ids::{ActivityId, RequestId, SkuId};
 use seckill_engine::message::TraceContext;
 use seckill_engine::metrics::SEED_NAMES;
 use seckill_engine::mq::rocket::RocketProducer;
 use seckill_engine::mq::{Producer, TopicKind};
 use seckill_engine::observe::{Observer, view};
 use seckill_engine::publish::{order_message, to_outgoing};
-use seckill_engine::reservation::{ReservationStore, ReserveOutcome, ReserveRequest};
-use seckill_tests::{Engine, Setup, TestEnv, eventually, run};
+use seckill_engine::reservation::ReserveOutcome;
+use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run};
 use std::collections::HashSet;
 use std::time::Duration;
 
 const ACTIVITY: ActivityId = ActivityId(9);
 const SKU: SkuId = SkuId(3);
 
-fn store(env: &TestEnv) -> ReservationStore {
-    ReservationStore::new(env.redis.clone(), env.cfg.redis_prefix.clone())
-}
-
 async fn seed(env: &TestEnv, stock: i64, valid_for_ms: i64) -> Result<()> {
-    activity::create(
-        &env.pool,
-        &store(env),
-        &NewActivity {
-            activity: ACTIVITY,
-            sku: SKU,
-            stock,
-            valid_for_ms,
-            pay_within_ms: 900_000,
-            force: false,
-        },
-    )
-    .await?;
-    Ok(())
+    env.seed_activity(ACTIVITY, SKU, stock, valid_for_ms).await
 }
 
 fn engine_cfg(env: &TestEnv) -> Config {
@@ -236,21 +216,11 @@ fn backlog_and_pending_track_a_stopped_consumer() {
 
         // A backlog of known size and age: reservations written to Redis and
         // their messages stored on the broker, with nobody consuming.
-        let s = store(&env);
+        let s = env.store();
         let born = chrono::Utc::now().timestamp_millis();
         let mut msgs = Vec::new();
         for user in 100..120 {
-            let req = ReserveRequest {
-                activity_id: ACTIVITY,
-                sku_id: SKU,
-                user_id: UserId(user),
-                request_id: RequestId::generate(),
-                reservation_id: ReservationId::generate(),
-                message_id: MessageId::generate(),
-                order_id: OrderId::generate(),
-                now_ms: born,
-                valid_until_ms: born + VALID_FOR_MS,
-            };
+            let req = reserve_request(ACTIVITY, SKU, user, born, VALID_FOR_MS);
             let ReserveOutcome::Reserved(r) = s.reserve(&req, born + 600_000).await? else {
                 anyhow::bail!("reservation refused");
             };

@@ -6,9 +6,7 @@ use anyhow::{Result, ensure};
 use seckill_engine::activity::{self, NewActivity};
 use seckill_engine::config::Config;
 use seckill_engine::consume::OrderConsumer;
-use seckill_engine::ids::{
-    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
-};
+use seckill_engine::ids::{ActivityId, RequestId, ReservationId, SkuId};
 use seckill_engine::message::TraceContext;
 use seckill_engine::mq::rocket::{RocketConsumer, RocketProducer};
 use seckill_engine::mq::{
@@ -16,7 +14,7 @@ use seckill_engine::mq::{
 };
 use seckill_engine::publish::{order_message, to_outgoing};
 use seckill_engine::reservation::{Reservation, ReservationStore, ReserveOutcome, ReserveRequest};
-use seckill_tests::{Engine, Setup, TestEnv, eventually, run};
+use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -25,24 +23,11 @@ const ACTIVITY: ActivityId = ActivityId(42);
 const SKU: SkuId = SkuId(7);
 
 fn store(env: &TestEnv) -> ReservationStore {
-    ReservationStore::new(env.redis.clone(), env.cfg.redis_prefix.clone())
+    env.store()
 }
 
 async fn seed(env: &TestEnv, stock: i64, valid_for_ms: i64) -> Result<()> {
-    activity::create(
-        &env.pool,
-        &store(env),
-        &NewActivity {
-            activity: ACTIVITY,
-            sku: SKU,
-            stock,
-            valid_for_ms,
-            pay_within_ms: 900_000,
-            force: false,
-        },
-    )
-    .await?;
-    Ok(())
+    env.seed_activity(ACTIVITY, SKU, stock, valid_for_ms).await
 }
 
 fn engine_cfg(env: &TestEnv, batch: usize) -> Config {
@@ -108,17 +93,7 @@ async fn count(env: &TestEnv, sql: &str) -> Result<i64> {
 }
 
 fn request(user: i64, now: i64, valid_for: i64) -> ReserveRequest {
-    ReserveRequest {
-        activity_id: ACTIVITY,
-        sku_id: SKU,
-        user_id: UserId(user),
-        request_id: RequestId::generate(),
-        reservation_id: ReservationId::generate(),
-        message_id: MessageId::generate(),
-        order_id: OrderId::generate(),
-        now_ms: now,
-        valid_until_ms: now + valid_for,
-    }
+    reserve_request(ACTIVITY, SKU, user, now, valid_for)
 }
 
 /// Window 1: the reservation is written, then the process dies before it

@@ -107,16 +107,13 @@ fn spawn_refresher(cfg: Config, rt: Arc<ClientRuntime>, every: Duration, tx: mps
     tokio::spawn(async move {
         let mut observer = Observer::new(&cfg, rt);
         let names = observer.names().clone();
-        let mut pool = None;
         // Rates compare samples RATE_SPAN apart, whatever the refresh.
         let mut history = History::default();
         loop {
             let cur = observer.sample().await;
-            if pool.is_none() {
-                pool = db::connect_unchecked(&cfg).await.ok();
-            }
             let limit = cfg.admin_timeout();
-            let (open, tickets_error) = match &pool {
+            // The observer's own pool: one connection pool per screen.
+            let (open, tickets_error) = match observer.pool() {
                 Some(p) => {
                     match tokio::time::timeout(limit, tickets::list_tickets(p, None)).await {
                         Ok(Ok(t)) => (

@@ -2,7 +2,7 @@
 //! No I/O, no terminal types: [`crate::update`] changes it, [`crate::ui`]
 //! draws it.
 
-use seckill_engine::alerts::{Alert, AlertState};
+use seckill_engine::alerts::Alert;
 use seckill_engine::dlq::replay::{ReplayReport, Verdict};
 use seckill_engine::dlq::tickets::{DlqEntry, Ticket};
 use seckill_engine::observe::view::{BacklogRow, PendingRow, PgView};
@@ -200,10 +200,5 @@ impl State {
         let at = self.data.as_ref()?.at_ms;
         let age = self.now_ms - at;
         (self.now_ms > 0 && age > 3 * self.refresh.as_millis() as i64).then_some(age)
-    }
-
-    /// The worst firing alert's state, for the header.
-    pub fn worst(&self) -> Option<AlertState> {
-        self.data.as_ref()?.worst_alert().map(|a| a.state)
     }
 }

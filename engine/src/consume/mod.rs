@@ -155,10 +155,6 @@ impl OrderConsumer {
         self
     }
 
-    pub fn stats(&self) -> &Arc<ConsumeStats> {
-        &self.stats
-    }
-
     /// The consumer group: the inbox namespace.
     pub fn group(&self) -> &str {
         &self.group

@@ -19,7 +19,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -458,9 +458,10 @@ impl RocketAdmin {
         Ok(brokers.into_iter().map(|b| b.addr).collect())
     }
 
-    /// Asks the broker itself (not the NameServer's possibly stale view) for
-    /// its runtime stats, and returns its version.
-    pub async fn broker_version(&self, addr: &str) -> Result<String, MqError> {
+    /// The broker's runtime stats, from the broker itself (not the
+    /// NameServer's possibly stale view). Not cheap for the broker: never
+    /// call it on every tick of a loop.
+    async fn runtime_stats(&self, addr: &str) -> Result<HashMap<String, String>, MqError> {
         let kv = bounded(
             "broker runtime stats",
             self.timeout,
@@ -470,9 +471,18 @@ impl RocketAdmin {
         .await?;
         Ok(kv
             .table
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    }
+
+    /// The broker's version, from the broker itself.
+    pub async fn broker_version(&self, addr: &str) -> Result<String, MqError> {
+        let kv = self.runtime_stats(addr).await?;
+        Ok(kv
             .get("brokerVersionDesc")
-            .or_else(|| kv.table.get("brokerVersion"))
-            .map(|v| v.to_string())
+            .or_else(|| kv.get("brokerVersion"))
+            .cloned()
             .unwrap_or_else(|| "?".into()))
     }
 
@@ -618,20 +628,13 @@ impl RocketAdmin {
     /// The broker's uptime in seconds, when its runtime stats report a
     /// boot time (seed §22.2 "broker just recovered").
     pub async fn broker_uptime_s(&self, addr: &str) -> Result<Option<f64>, MqError> {
-        let kv = bounded(
-            "broker runtime stats",
-            self.timeout,
-            self.inner
-                .fetch_broker_runtime_stats(addr.to_owned().into()),
-        )
-        .await?;
+        let kv = self.runtime_stats(addr).await?;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         Ok(kv
-            .table
             .get("bootTimestamp")
-            .and_then(|v| v.to_string().parse::<i64>().ok())
+            .and_then(|v| v.parse::<i64>().ok())
             .map(|boot| (now_ms - boot).max(0) as f64 / 1000.0))
     }
 

@@ -51,10 +51,6 @@ impl History {
         let n = self.0.len();
         (n >= 2).then(|| &self.0[0])
     }
-
-    pub fn latest(&self) -> Option<&Sample> {
-        self.0.back()
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -221,6 +217,11 @@ impl Observer {
         &self.cfg
     }
 
+    /// The PostgreSQL pool, once a sample has connected it.
+    pub fn pool(&self) -> Option<&PgPool> {
+        self.pool.as_ref()
+    }
+
     async fn connect(&mut self, errors: &mut Vec<SourceError>) {
         let err = |source: &str, e: String| SourceError {
             source: source.into(),
@@ -361,8 +362,9 @@ async fn groups(
             .lag_detail(&topic, &group, probe, head_queues)
             .await
             .map_err(|e| format!("{group}: {e}"))?;
-        // The retry topic exists only once something was retried.
-        let retry = match admin
+        // `%RETRY%<group>` exists only once something was retried; its
+        // absence is the common case, and the main topic's lag stands.
+        let retry = admin
             .lag_detail(
                 &crate::mq::topics::retry_topic(&group),
                 &group,
@@ -370,11 +372,7 @@ async fn groups(
                 head_queues,
             )
             .await
-        {
-            Ok(r) => r,
-            Err(e) if e.is_missing_topic() => Default::default(),
-            Err(_) => Default::default(),
-        };
+            .unwrap_or_default();
         let valid_untils: Vec<i64> = if kind == TopicKind::OrderCreate {
             main.heads
                 .iter()
