@@ -84,8 +84,9 @@ SELECT 'CG_SECKILL_ORDER_CREATE_PG_V1' AS grp,
            'user_id', uid, 'status', 'CREATED', 'aggregate_version', 1, 'occurred_at', now())
          ORDER BY g) AS out_payloads,
        array_agg(expires ORDER BY g) || array_agg(NULL::timestamptz ORDER BY g) AS out_deliver_ats,
-       array_agg('SUCCEEDED'::inbox_status ORDER BY g) AS inbox_statuses,
-       array_agg('ORDER_CREATED'::text ORDER BY g) AS inbox_codes
+       '{}'::text[] AS inbox_mids,
+       '{}'::inbox_status[] AS inbox_statuses,
+       '{}'::text[] AS inbox_codes
 FROM (
     SELECT g,
            'evt_' || md5(random()::text) AS mid,
@@ -109,8 +110,8 @@ WITH input AS (
          AS t (message_id, delivery_attempt, replay_id, reservation_id, request_id, order_id,
                activity_id, sku_id, user_id, valid_until, reserved_at, ord)
 ), inbox AS (
-    INSERT INTO consumer_inbox (consumer_group, message_id, status, delivery_attempt, replay_id)
-    SELECT :grp::text, message_id, 'PROCESSING', delivery_attempt, replay_id
+    INSERT INTO consumer_inbox (consumer_group, message_id, status, result_code, delivery_attempt, replay_id)
+    SELECT :grp::text, message_id, 'SUCCEEDED', 'ORDER_CREATED', delivery_attempt, replay_id
     FROM input
     ORDER BY message_id
     ON CONFLICT (consumer_group, message_id) DO NOTHING
@@ -191,7 +192,7 @@ WITH ledger AS (
 ), finished AS (
     UPDATE consumer_inbox b
     SET status = f.status, result_code = f.result_code, updated_at = now()
-    FROM unnest(:mids::text[], :inbox_statuses::inbox_status[], :inbox_codes::text[]) AS f (message_id, status, result_code)
+    FROM unnest(:inbox_mids::text[], :inbox_statuses::inbox_status[], :inbox_codes::text[]) AS f (message_id, status, result_code)
     WHERE b.consumer_group = :grp::text AND b.message_id = f.message_id
 )
 SELECT count(*) AS compensations FROM comp;

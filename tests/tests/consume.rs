@@ -1101,7 +1101,7 @@ fn bench_scripts_run_the_consumers_statements() {
                 "out_payloads",
                 "out_deliver_ats",
                 "grp",
-                "mids",
+                "inbox_mids",
                 "inbox_statuses",
                 "inbox_codes",
             ],

@@ -29,7 +29,11 @@ pub const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 ///   §12, "the business effect per message_id happens at most once"): a
 ///   concurrent delivery of the same message blocks on the primary key until
 ///   this transaction ends, then inserts nothing. Rows go in `message_id`
-///   order so two batches never wait on each other in a cycle.
+///   order so two batches never wait on each other in a cycle. The row goes
+///   in as `SUCCEEDED`/`ORDER_CREATED`, the outcome of nearly every message
+///   in a sale; [`FINISH`] rewrites only the others. No other transaction
+///   can see the row before the commit settles it, so a `PROCESSING` step
+///   would cost one more row version per message and show nothing.
 /// - The `reservations` row is inserted *now*, as a claim, not at the end:
 ///   its primary key makes a second message for the same reservation (seed
 ///   §29.2 item 2) wait for the first and then find it decided, whatever the
@@ -61,8 +65,8 @@ pub const INBOX_AND_CLAIM: &str = r#"WITH input AS (
          AS t (message_id, delivery_attempt, replay_id, reservation_id, request_id, order_id,
                activity_id, sku_id, user_id, valid_until, reserved_at, ord)
 ), inbox AS (
-    INSERT INTO consumer_inbox (consumer_group, message_id, status, delivery_attempt, replay_id)
-    SELECT $1::text, message_id, 'PROCESSING', delivery_attempt, replay_id
+    INSERT INTO consumer_inbox (consumer_group, message_id, status, result_code, delivery_attempt, replay_id)
+    SELECT $1::text, message_id, 'SUCCEEDED', 'ORDER_CREATED', delivery_attempt, replay_id
     FROM input
     ORDER BY message_id
     ON CONFLICT (consumer_group, message_id) DO NOTHING
@@ -138,8 +142,9 @@ RETURNING order_id"#;
 ///   when this statement inserted the `compensation_tasks` row.
 /// - `order_outbox`: the delayed cancel and `ORDER_CREATED`, committed with
 ///   the order (the transactional outbox, DESIGN.md §7 step 6).
-/// - `finished`: the inbox row leaves PROCESSING in the same commit (or,
-///   on the second run, changes from SUCCEEDED to REJECTED before it).
+/// - `finished`: the inbox rows of the messages that did not create an
+///   order get their real status and result code (see [`INBOX_AND_CLAIM`]);
+///   on the second run, those [`UNDO_ORDERS`] turned into rejections.
 ///
 /// Returns the number of compensations inserted.
 ///
@@ -298,3 +303,21 @@ FROM unnest($2::text[], $3::text[], $4::text[], $5::quarantine_reason[], $6::tex
 pub const RECORD_FAILURES: &str = r#"INSERT INTO consumer_failures (consumer_group, message_id, error_class, detail, delivery_attempt)
 SELECT $1::text, message_id, $4::failure_class, $5::text, delivery_attempt
 FROM unnest($2::text[], $3::int[]) AS t (message_id, delivery_attempt)"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{InboxStatus, ReservationOutcome};
+
+    /// The inbox row's optimistic outcome is spelled in SQL; it must be the
+    /// one `FINISH` would have written for a created order.
+    #[test]
+    fn inbox_goes_in_as_a_created_order() {
+        let spelled = format!(
+            "'{}', '{}'",
+            InboxStatus::Succeeded.as_str(),
+            ReservationOutcome::OrderCreated.as_str()
+        );
+        assert!(INBOX_AND_CLAIM.contains(&spelled), "{spelled}");
+    }
+}

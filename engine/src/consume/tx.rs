@@ -457,10 +457,8 @@ impl Finish {
         for (i, d) in decided {
             let m = msg(i);
             let (status, code) = match d {
-                MessageOutcome::Created { .. } => (
-                    InboxStatus::Succeeded,
-                    ReservationOutcome::OrderCreated.as_str(),
-                ),
+                // The inbox row went in as this (sql::INBOX_AND_CLAIM).
+                MessageOutcome::Created { .. } => continue,
                 MessageOutcome::DuplicateReservation => {
                     (InboxStatus::Succeeded, DUPLICATE_RESERVATION)
                 }
