@@ -31,6 +31,33 @@ pub enum FactsError {
     Redis(#[from] ReservationError),
 }
 
+/// How far the pipeline has got: reservations decided in PostgreSQL and
+/// sends still pending in Redis. Two cheap reads (an index-only count and a
+/// `ZCARD`), for a caller that polls while the pipeline works: [`collect`]
+/// reads every decision's latency, which would compete with the consumer it
+/// is measuring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub decided: i64,
+    pub redis_pending: u64,
+}
+
+pub async fn progress(
+    pool: &PgPool,
+    store: &ReservationStore,
+    activity: ActivityId,
+) -> Result<Progress, FactsError> {
+    let decided: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM reservations WHERE activity_id = $1")
+            .bind(activity)
+            .fetch_one(pool)
+            .await?;
+    Ok(Progress {
+        decided,
+        redis_pending: store.pending_count(activity).await?,
+    })
+}
+
 pub async fn collect(
     pool: &PgPool,
     store: &ReservationStore,

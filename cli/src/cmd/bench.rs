@@ -403,11 +403,13 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
     ingress.distinct_reservations = distinct.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
     eprintln!("[bench] burst done in {burst:.2} s; waiting for the pipeline to go quiet");
 
+    // Poll the cheap progress counters, not the full facts: reading every
+    // decision's latency ten times a second would slow the consumer being
+    // measured.
     let quiet_started = Instant::now();
-    let mut facts;
     let quiet = loop {
-        facts = facts::collect(&pool, &store, args.activity).await?;
-        if facts.decided as u64 >= ingress.distinct_reservations && facts.redis_pending == 0 {
+        let p = facts::progress(&pool, &store, args.activity).await?;
+        if p.decided as u64 >= ingress.distinct_reservations && p.redis_pending == 0 {
             break true;
         }
         if quiet_started.elapsed() > args.quiet_timeout {
@@ -417,12 +419,13 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
             last_progress = Instant::now();
             eprintln!(
                 "[bench] decided {}/{}, pending sends {}",
-                facts.decided, ingress.distinct_reservations, facts.redis_pending
+                p.decided, ingress.distinct_reservations, p.redis_pending
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let quiet_after = quiet_started.elapsed().as_secs_f64();
+    let facts = facts::collect(&pool, &store, args.activity).await?;
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let _ = sampler.await;
     let mut lifecycle = match args.pay_share {
