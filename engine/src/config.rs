@@ -104,6 +104,13 @@ pub struct OutboxConfig {
     pub in_flight: usize,
     pub backoff_base_ms: u64,
     pub backoff_max_ms: u64,
+    /// While the order consumer is creating orders, the outbox holds back
+    /// for up to this long, then drains everything due before it may hold
+    /// back again (seed §21.2 item 4: non-core work yields to the order
+    /// path). Its events, and the projection and cancel work they feed,
+    /// compete for the same cores and PostgreSQL during a burst. 0 never
+    /// holds back.
+    pub yield_to_orders_ms: u64,
 }
 
 /// The after-order consumers and their safety-net sweeps (DESIGN.md §8).
@@ -287,6 +294,7 @@ impl Default for OutboxConfig {
             in_flight: 16,
             backoff_base_ms: 500,
             backoff_max_ms: 30_000,
+            yield_to_orders_ms: 5_000,
         }
     }
 }

@@ -137,6 +137,7 @@ pub async fn run(
             pool: pool.clone(),
             send_timeout,
             stats: lifecycle.clone(),
+            orders: Some(consume_stats.clone()),
         },
         cfg.outbox.clone(),
         &tracker,

@@ -17,12 +17,12 @@ use crate::config::OutboxConfig;
 use crate::ids::MessageId;
 use crate::mq::{OutgoingMessage, PROP_MESSAGE_ID, Producer, SendOutcome};
 use crate::reservation::backoff_ms;
-use crate::stats::LifecycleStats;
+use crate::stats::{ConsumeStats, LifecycleStats};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -129,6 +129,75 @@ pub struct OutboxDeps<P: Producer> {
     pub pool: PgPool,
     pub send_timeout: Duration,
     pub stats: Arc<LifecycleStats>,
+    /// The order consumer's figures, to yield to it; `None` never yields.
+    pub orders: Option<Arc<ConsumeStats>>,
+}
+
+/// Where the publisher stands with the order path (seed §21.2 item 4: non-core
+/// work yields to the order path). In a burst, the outbox's claims, sends and
+/// SENT updates, and the projection and cancel work its events feed, took
+/// about a third of the CPU the order consumer needed on two cores (issue 3).
+/// None of it is urgent: the order's status is read from PostgreSQL until
+/// the projection catches up, and delayed cancels are claimed a minute early.
+/// Holding back is bounded, so a sale that never pauses still gets its
+/// events: after `yield_to_orders_ms` the outbox drains everything due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Passes run as rows come due.
+    Free,
+    /// Holding back, since `since`, because orders are being created.
+    Holding { since: Instant },
+    /// Held back as long as allowed: passes run until one claims less than
+    /// a full batch, i.e. until caught up.
+    Draining,
+}
+
+/// What the loop does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Pass,
+    Hold,
+}
+
+impl Turn {
+    /// Before a pass: `busy` is whether the order consumer worked since the
+    /// last look; `max` the longest hold (zero: never hold).
+    pub fn before_pass(self, busy: bool, now: Instant, max: Duration) -> (Turn, Step) {
+        match self {
+            _ if max.is_zero() => (Turn::Free, Step::Pass),
+            Turn::Draining => (Turn::Draining, Step::Pass),
+            _ if !busy => (Turn::Free, Step::Pass),
+            Turn::Free => (Turn::Holding { since: now }, Step::Hold),
+            Turn::Holding { since } if now.saturating_duration_since(since) < max => {
+                (self, Step::Hold)
+            }
+            Turn::Holding { .. } => (Turn::Draining, Step::Pass),
+        }
+    }
+
+    /// After a pass that claimed a `full` batch or less.
+    pub fn after_pass(self, full: bool) -> Turn {
+        match self {
+            Turn::Draining if !full => Turn::Free,
+            t => t,
+        }
+    }
+}
+
+/// Whether the order consumer worked since the last look: a message in hand,
+/// or one answered since.
+struct OrderPath {
+    stats: Arc<ConsumeStats>,
+    answered: u64,
+}
+
+impl OrderPath {
+    fn busy(&mut self) -> bool {
+        let answered = self.stats.acked.get() + self.stats.retried.get();
+        let busy = self.stats.inflight.get() > 0 || answered != self.answered;
+        self.answered = answered;
+        busy
+    }
 }
 
 /// One pass: claim, send, record. Returns what it did; a database error
@@ -249,14 +318,30 @@ pub fn spawn<P: Producer>(
 ) {
     tracker.spawn(async move {
         let idle = Duration::from_millis(cfg.poll_ms.max(1));
+        let max_hold = Duration::from_millis(cfg.yield_to_orders_ms);
+        let mut orders = deps
+            .orders
+            .clone()
+            .map(|stats| OrderPath { stats, answered: 0 });
+        let mut turn = Turn::Free;
         loop {
-            let full = match publish_once(&deps, &cfg).await {
-                Ok(r) => r.claimed as i64 >= cfg.batch_max,
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbox pass failed; retrying");
-                    false
-                }
-            };
+            let busy = orders.as_mut().is_some_and(OrderPath::busy);
+            let (next, step) = turn.before_pass(busy, Instant::now(), max_hold);
+            if next != turn && matches!(next, Turn::Holding { .. } | Turn::Draining) {
+                tracing::debug!(?next, "outbox yields to the order path");
+            }
+            turn = next;
+            let full = step == Step::Pass
+                && match publish_once(&deps, &cfg).await {
+                    Ok(r) => r.claimed as i64 >= cfg.batch_max,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "outbox pass failed; retrying");
+                        false
+                    }
+                };
+            if step == Step::Pass {
+                turn = turn.after_pass(full);
+            }
             if full && !cancel.is_cancelled() {
                 continue;
             }
@@ -283,6 +368,71 @@ mod tests {
             deliver_at,
             attempts: 1,
         }
+    }
+
+    #[test]
+    fn the_outbox_holds_back_while_orders_are_created_then_drains() {
+        let max = Duration::from_secs(5);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+
+        // Quiet order path: passes run.
+        assert_eq!(
+            Turn::Free.before_pass(false, t0, max),
+            (Turn::Free, Step::Pass)
+        );
+        // Orders being created: hold, from now.
+        let holding = Turn::Holding { since: t0 };
+        assert_eq!(Turn::Free.before_pass(true, t0, max), (holding, Step::Hold));
+        assert_eq!(
+            holding.before_pass(true, at(4_999), max),
+            (holding, Step::Hold)
+        );
+        // The order path went quiet: back to passes at once.
+        assert_eq!(
+            holding.before_pass(false, at(300), max),
+            (Turn::Free, Step::Pass)
+        );
+        // Held as long as allowed: drain, busy or not, until a short claim.
+        let (turn, step) = holding.before_pass(true, at(5_000), max);
+        assert_eq!((turn, step), (Turn::Draining, Step::Pass));
+        assert_eq!(turn.after_pass(true), Turn::Draining);
+        assert_eq!(
+            Turn::Draining.before_pass(true, at(6_000), max),
+            (Turn::Draining, Step::Pass)
+        );
+        let caught_up = Turn::Draining.after_pass(false);
+        assert_eq!(caught_up, Turn::Free);
+        // Then it may hold back again, for a fresh interval.
+        assert_eq!(
+            caught_up.before_pass(true, at(7_000), max),
+            (Turn::Holding { since: at(7_000) }, Step::Hold)
+        );
+        // Zero never holds.
+        assert_eq!(
+            Turn::Free.before_pass(true, t0, Duration::ZERO),
+            (Turn::Free, Step::Pass)
+        );
+        // A pass outside a drain leaves the turn as it was.
+        assert_eq!(Turn::Free.after_pass(false), Turn::Free);
+    }
+
+    #[test]
+    fn the_order_path_is_busy_with_a_message_in_hand_or_one_answered_since() {
+        let stats = Arc::new(ConsumeStats::default());
+        let mut path = OrderPath {
+            stats: stats.clone(),
+            answered: 0,
+        };
+        assert!(!path.busy());
+        stats.inflight.add(1);
+        assert!(path.busy());
+        stats.inflight.add(-1);
+        stats.acked.add(32);
+        assert!(path.busy(), "answered since the last look");
+        assert!(!path.busy(), "nothing since");
+        stats.retried.add(1);
+        assert!(path.busy());
     }
 
     #[test]

@@ -791,6 +791,7 @@ fn the_outbox_publisher_claims_once_resends_unknown_with_the_same_id_and_sends_t
             pool: env.pool.clone(),
             send_timeout: Duration::from_secs(1),
             stats: stats(),
+            orders: None,
         };
         let first = outbox::publish_once(
             &deps,
@@ -903,6 +904,7 @@ fn the_outbox_publisher_claims_once_resends_unknown_with_the_same_id_and_sends_t
             pool: env.pool.clone(),
             send_timeout: Duration::from_secs(3),
             stats: stats(),
+            orders: None,
         };
         let r = outbox::publish_once(&deps, &cfg).await?;
         assert_eq!((r.claimed, r.sent), (1, 1));
