@@ -113,6 +113,8 @@ pub async fn run(
     spec.batch_max = cfg.consumer.batch_max;
     spec.pull_batch = cfg.consumer.batch_max.max(32);
     spec.max_reconsume_times = cfg.mq.max_reconsume_times;
+    let assigned = Arc::new(AtomicBool::new(false));
+    spec.assigned = Some(assigned.clone());
     // The governor's limiter gates each order transaction inside the
     // budget the listener threads already respect (DESIGN.md §10).
     let consume_stats = Arc::new(ConsumeStats::default());
@@ -206,6 +208,8 @@ pub async fn run(
     );
 
     let ready = Arc::new(AtomicBool::new(true));
+    let consuming = Arc::new(AtomicBool::new(false));
+    tokio::spawn(wait_for_queues(assigned, consuming.clone(), cancel.clone()));
     let state = AppState {
         store: store.clone(),
         pool: pool.clone(),
@@ -216,6 +220,7 @@ pub async fn run(
         governor: governor.clone(),
         names: names.clone(),
         ready: ready.clone(),
+        consuming,
         activities: Default::default(),
         first_retry_after_ms: cfg.scanner.first_retry_after_ms as i64,
     };
@@ -345,4 +350,44 @@ fn spawn_governor(
         }
         admin.shutdown().await;
     });
+}
+
+/// How long `/readyz` waits for the order consumer's first queues.
+const QUEUE_WAIT: Duration = Duration::from_secs(10);
+
+/// Raises `consuming` once the order consumer has queues, so `/readyz` says
+/// ready only when reservations accepted now are also pulled now. The first
+/// rebalance after a start takes a second or two; a burst let in before it
+/// waits in the broker that long, which was most of the demo's end-to-end
+/// latency (issue 3). An instance can stay without queues when the group has
+/// more consumers than the topic has queues; ingress does not need them, so
+/// after [`QUEUE_WAIT`] it is ready anyway, with a warning.
+async fn wait_for_queues(
+    assigned: Arc<AtomicBool>,
+    consuming: Arc<AtomicBool>,
+    cancel: CancellationToken,
+) {
+    let since = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if assigned.load(Ordering::Acquire) {
+            tracing::info!(
+                after_ms = since.elapsed().as_millis() as u64,
+                "the order consumer has its queues"
+            );
+            break;
+        }
+        if since.elapsed() >= QUEUE_WAIT {
+            tracing::warn!(
+                "the order consumer has no queues after {} s (more consumers in the group than queues?); ready anyway",
+                QUEUE_WAIT.as_secs()
+            );
+            break;
+        }
+    }
+    consuming.store(true, Ordering::Release);
 }

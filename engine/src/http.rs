@@ -35,6 +35,8 @@ pub struct AppState {
     pub names: Names,
     /// Set once every component has started; cleared on shutdown.
     pub ready: Arc<AtomicBool>,
+    /// The order consumer pulls (or stopped waiting to; see `daemon`).
+    pub consuming: Arc<AtomicBool>,
     /// Activity validity windows, read from PostgreSQL once per activity.
     pub activities: Arc<RwLock<HashMap<ActivityId, i64>>>,
     pub first_retry_after_ms: i64,
@@ -573,9 +575,15 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready").into_response()
+    if !state.ready.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down").into_response()
+    } else if !state.consuming.load(Ordering::Acquire) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the order consumer has no queues yet",
+        )
+            .into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+        (StatusCode::OK, "ready").into_response()
     }
 }

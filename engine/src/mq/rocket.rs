@@ -7,6 +7,7 @@ use super::{
     BrokerInfo, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Lag, LagDetail,
     OutgoingMessage, Producer, SendOutcome, SendReceipt, StartFrom, TopicSpec, TopicType,
 };
+use rocketmq_client_rust::{ArcMessageQueueListener, MessageQueueListener};
 use rocketmq_client_rust::{
     BrokerAdmin, ClientError, ClientResult, ClientRuntime, ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus, ConsumerAdmin, DefaultMQAdminExt, DefaultMQProducer,
@@ -19,9 +20,10 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -300,6 +302,28 @@ pub struct RocketConsumer {
     group: String,
 }
 
+/// Raises [`ConsumerSpec::assigned`] when a rebalance gives this consumer
+/// queues of its topic. The client calls it after the new queues' pull
+/// requests are dispatched, and only for a changed assignment. The retry
+/// topic it also subscribes to does not count.
+struct Assigned {
+    topic: String,
+    flag: Arc<AtomicBool>,
+}
+
+impl MessageQueueListener for Assigned {
+    fn message_queue_changed(
+        &self,
+        topic: &str,
+        _all: &HashSet<MessageQueue>,
+        assigned: &HashSet<MessageQueue>,
+    ) {
+        if topic == self.topic {
+            self.flag.store(!assigned.is_empty(), Ordering::Release);
+        }
+    }
+}
+
 impl RocketConsumer {
     pub async fn start<H: Handler>(
         rt: Arc<ClientRuntime>,
@@ -326,6 +350,12 @@ impl RocketConsumer {
                 StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
                 StartFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
             })
+            .message_queue_listener(spec.assigned.clone().map(|flag| {
+                Arc::new(Assigned {
+                    topic: spec.topic.clone(),
+                    flag,
+                }) as ArcMessageQueueListener
+            }))
             .build();
         Box::pin(inner.subscribe(spec.topic.clone(), spec.tags.clone()))
             .await
