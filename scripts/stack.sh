@@ -48,6 +48,15 @@ pg_setup() {
     log "creating database seckill"
     psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -qc 'CREATE DATABASE seckill' >&2
   fi
+  # Every order leaves dead row versions behind (outbox claims and SENT
+  # updates, inbox and reservation rewrites). Without autovacuum they pile
+  # up, planner statistics never arrive, and each sale runs slower than the
+  # last: seen on a machine whose server had it off (issue 3).
+  if [ "$(psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -tAc 'SHOW autovacuum')" = off ]; then
+    log "postgresql: autovacuum is off; turning it on (ALTER SYSTEM; the order tables bloat without it)"
+    psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -qc 'ALTER SYSTEM SET autovacuum = on' \
+      -c 'SELECT pg_reload_conf()' >/dev/null
+  fi
 }
 
 # --- Redis -------------------------------------------------------------------
