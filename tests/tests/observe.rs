@@ -267,6 +267,9 @@ fn backlog_and_pending_track_a_stopped_consumer() {
         let want = VALID_FOR_MS as f64 / 1000.0 - age;
         assert!((left - want).abs() <= 1.0, "{left} vs {want}");
         assert!(second.error("engine").is_some(), "the engine is stopped");
+        let server = second.pg.as_ref().expect("the server's activity");
+        assert!(server.autovacuum.is_some(), "{server:?}");
+        assert!(server.churn_dead_rows >= 0 && server.churn_live_rows >= 0);
 
         // The same 20 are pending in Redis (no engine marked them sent).
         let pending = view::pending(&second);

@@ -366,6 +366,26 @@ impl Tabular for PgReport {
                     "longest transaction",
                     format!("{:.1} s", s.longest_tx_s),
                 );
+                row(
+                    "server",
+                    "autovacuum",
+                    match s.autovacuum {
+                        Some(true) => "on".into(),
+                        Some(false) => "OFF: dead row versions pile up and plans go stale; \
+                                        ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()"
+                            .into(),
+                        None => "-".into(),
+                    },
+                );
+                row(
+                    "server",
+                    "dead rows (outbox, inbox, orders, reservations)",
+                    format!(
+                        "{} ({:.0}% of versions)",
+                        s.churn_dead_rows,
+                        s.churn_dead_share * 100.0
+                    ),
+                );
             }
             None => row("server", "activity", "unreadable (see below)".into()),
         }

@@ -98,7 +98,20 @@ pub struct PgServerSample {
     pub connections: i64,
     pub commits: i64,
     pub wal_bytes: f64,
+    /// The server's `autovacuum` setting; `None` from an older sample.
+    #[serde(default)]
+    pub autovacuum: Option<bool>,
+    /// Dead and live row versions of the tables every order rewrites
+    /// ([`CHURN_TABLES`]), as the statistics collector counts them.
+    #[serde(default)]
+    pub churn_dead_rows: i64,
+    #[serde(default)]
+    pub churn_live_rows: i64,
 }
+
+/// The tables each order leaves dead row versions in: the outbox (claim and
+/// SENT updates), the inbox, orders (pay, cancel) and reservations.
+pub const CHURN_TABLES: [&str; 4] = ["event_outbox", "consumer_inbox", "orders", "reservations"];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DlqSample {
@@ -451,14 +464,32 @@ SELECT
   current_setting('max_connections')::bigint AS max_connections,
   count(*) AS connections,
   (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())::bigint AS commits,
-  pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 AS wal_bytes
+  pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 AS wal_bytes,
+  current_setting('autovacuum') = 'on' AS autovacuum,
+  (SELECT COALESCE(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname = ANY($1))::bigint AS dead,
+  (SELECT COALESCE(sum(n_live_tup), 0) FROM pg_stat_user_tables WHERE relname = ANY($1))::bigint AS live
 FROM pg_stat_activity
 WHERE backend_type = 'client backend' AND datname = current_database()
 "#;
 
 async fn pg_server(pool: Option<&PgPool>) -> Result<PgServerSample, String> {
     let pool = pool.ok_or(DOWN)?;
-    let r: (i64, i64, i64, i64, f64, i64, i64, Option<i64>, f64) = sqlx::query_as(PG_SERVER)
+    #[allow(clippy::type_complexity)]
+    let r: (
+        i64,
+        i64,
+        i64,
+        i64,
+        f64,
+        i64,
+        i64,
+        Option<i64>,
+        f64,
+        bool,
+        i64,
+        i64,
+    ) = sqlx::query_as(PG_SERVER)
+        .bind(CHURN_TABLES)
         .fetch_one(pool)
         .await
         .map_err(|e| e.to_string())?;
@@ -472,6 +503,9 @@ async fn pg_server(pool: Option<&PgPool>) -> Result<PgServerSample, String> {
         connections: r.6,
         commits: r.7.unwrap_or(0),
         wal_bytes: r.8,
+        autovacuum: Some(r.9),
+        churn_dead_rows: r.10,
+        churn_live_rows: r.11,
     })
 }
 

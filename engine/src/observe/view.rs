@@ -136,6 +136,21 @@ pub struct ServerRow {
     pub longest_tx_s: f64,
     pub connections: i64,
     pub max_connections: i64,
+    pub autovacuum: Option<bool>,
+    /// Dead row versions in the tables every order rewrites, and their
+    /// share of all versions there: what autovacuum has yet to reclaim.
+    pub churn_dead_rows: i64,
+    pub churn_dead_share: f64,
+}
+
+/// Dead versions as a share of all; 0 for empty tables.
+pub fn dead_share(dead: i64, live: i64) -> f64 {
+    let all = dead.max(0) + live.max(0);
+    if all == 0 {
+        0.0
+    } else {
+        dead.max(0) as f64 / all as f64
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -170,6 +185,9 @@ pub fn pg(prev: Option<&Sample>, cur: &Sample) -> PgView {
             longest_tx_s: s.longest_tx_s,
             connections: s.connections,
             max_connections: s.max_connections,
+            autovacuum: s.autovacuum,
+            churn_dead_rows: s.churn_dead_rows,
+            churn_dead_share: dead_share(s.churn_dead_rows, s.churn_live_rows),
         }
     });
     PgView {
@@ -381,6 +399,9 @@ mod tests {
             connections: 10,
             commits,
             wal_bytes: wal,
+            autovacuum: Some(false),
+            churn_dead_rows: 300,
+            churn_live_rows: 100,
         };
         a.pg = Some(server(100, 1_000.0));
         let mut b = sample(12_000, vec![]);
@@ -390,6 +411,10 @@ mod tests {
         assert_eq!(s.commits_per_s, Some(300.0));
         assert_eq!(s.wal_bytes_per_s, Some(2_000.0));
         assert_eq!(s.io_wait_share, 0.5);
+        assert_eq!((s.autovacuum, s.churn_dead_rows), (Some(false), 300));
+        assert_eq!(s.churn_dead_share, 0.75);
+        assert_eq!(dead_share(0, 0), 0.0);
+        assert_eq!(dead_share(-1, 10), 0.0, "a negative count reads as none");
         assert!(v.pool.is_none(), "no engine, no pool figures");
     }
 }
