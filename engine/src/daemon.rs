@@ -80,6 +80,7 @@ pub async fn run(
             topic: topic.clone(),
             send_timeout,
             stats: stats.clone(),
+            hand_over_after: Duration::from_millis(cfg.scanner.first_retry_after_ms),
         },
         &cfg.publisher,
         &tracker,

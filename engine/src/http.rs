@@ -348,6 +348,9 @@ pub struct StatsView {
     pub publish_unknown: u64,
     pub publish_definite_failure: u64,
     pub publish_batches: u64,
+    /// Queued past their first retry time: the scanner sent them instead.
+    #[serde(default)]
+    pub publish_handed_to_scanner: u64,
     pub scanner_resent: u64,
     #[serde(default)]
     pub resend: ResendView,
@@ -528,6 +531,7 @@ impl StatsView {
             publish_unknown: s.unknown.get(),
             publish_definite_failure: s.definite_failure.get(),
             publish_batches: s.batches.get(),
+            publish_handed_to_scanner: s.handed_to_scanner.get(),
             scanner_resent: s.resent.get(),
             resend: ResendView {
                 confirmed: s.resend_confirmed.get(),

@@ -415,6 +415,7 @@ mod tests {
             publish_unknown: 1,
             publish_definite_failure: 0,
             publish_batches: 1,
+            publish_handed_to_scanner: 0,
             scanner_resent: 0,
             resend: Default::default(),
             send_latency: Percentiles::default(),

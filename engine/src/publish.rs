@@ -11,8 +11,11 @@
 //! - DEFINITE_FAILURE → SEND_FAILED and one compensation.
 //!
 //! The queue in front of the batcher is bounded; when it is full the message
-//! is simply not queued, and the scanner sends it instead. A crash loses
-//! nothing either: Redis holds every pending reservation (window 1).
+//! is simply not queued, and the scanner sends it instead. A message that
+//! waited in the queue past its reservation's first retry time is likewise
+//! left to the scanner, which has claimed it or is about to ([`still_ours`]).
+//! A crash loses nothing either: Redis holds every pending reservation
+//! (window 1).
 
 use crate::config::PublisherConfig;
 use crate::message::{ORDER_CREATE_EVENT, OrderCreateRequested, SCHEMA_VERSION, TraceContext};
@@ -208,6 +211,19 @@ async fn apply_first_send(
     Ok(())
 }
 
+/// Whether the first-send path should still send `m`, at `now`. Its
+/// reservation went into Redis due for a scanner re-send at `created +
+/// hand_over_after`; past that moment the scanner owns it, and a send from
+/// here too would only put a second copy on the broker. When sends are slower
+/// than ingress (batch size 1 here: 7,588 of 10,000 reservations were sent
+/// twice, issue 3), that doubled the broker's and the consumer's work just
+/// when they were behind. Skipping is safe: the reservation is still
+/// MQ_PENDING in Redis until a send is confirmed.
+pub fn still_ours(m: &OrderCreateRequested, now: DateTime<Utc>, hand_over_after: Duration) -> bool {
+    let waited = now.signed_duration_since(m.reservation_created_at);
+    waited.to_std().map_or(true, |w| w < hand_over_after)
+}
+
 /// Handle to the running publisher: cheap to clone.
 #[derive(Clone)]
 pub struct Publisher {
@@ -230,6 +246,8 @@ pub struct PublisherDeps<P> {
     pub topic: String,
     pub send_timeout: Duration,
     pub stats: Arc<PublishStats>,
+    /// The scanner's first retry delay (`scanner.first_retry_after_ms`).
+    pub hand_over_after: Duration,
 }
 
 /// Starts the batching loop on `tracker`. It runs until every [`Publisher`]
@@ -262,6 +280,15 @@ pub fn spawn<P: Producer>(
             let Ok(permit) = in_flight.clone().acquire_owned().await else {
                 break;
             };
+            let now = Utc::now();
+            let queued = batch.len();
+            batch.retain(|m| still_ours(m, now, deps.hand_over_after));
+            deps.stats
+                .handed_to_scanner
+                .add((queued - batch.len()) as u64);
+            if batch.is_empty() {
+                continue;
+            }
             let deps = deps.clone();
             inner.spawn(async move {
                 let outcome = send_batch(
@@ -282,4 +309,48 @@ pub fn spawn<P: Producer>(
         }
     });
     Publisher { tx }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
+
+    fn reservation(created_at_ms: i64) -> Reservation {
+        Reservation {
+            reservation_id: ReservationId::generate(),
+            message_id: MessageId::generate(),
+            request_id: RequestId::generate(),
+            order_id: OrderId::generate(),
+            activity_id: ActivityId(1),
+            sku_id: SkuId(1),
+            user_id: UserId(7),
+            mq_status: MqStatus::MqPending,
+            send_attempt: 0,
+            next_retry_at_ms: created_at_ms + 5_000,
+            lease_owner: None,
+            lease_until_ms: 0,
+            created_at_ms,
+            valid_until_ms: created_at_ms + 300_000,
+            broker_message_id: None,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn a_message_queued_past_its_first_retry_is_the_scanners() {
+        let created = Utc::now().timestamp_millis();
+        let m = order_message(&reservation(created), TraceContext::generate());
+        let at = |ms: i64| at_ms(created + ms);
+        let after = Duration::from_secs(5);
+        assert!(still_ours(&m, at(0), after));
+        assert!(still_ours(&m, at(4_999), after));
+        assert!(
+            !still_ours(&m, at(5_000), after),
+            "the scanner claims it now"
+        );
+        assert!(!still_ours(&m, at(60_000), after));
+        // A clock that reads earlier than the reservation: still ours.
+        assert!(still_ours(&m, at(-1_000), after));
+    }
 }

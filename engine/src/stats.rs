@@ -190,6 +190,9 @@ pub struct PublishStats {
     pub unknown: Counter,
     pub definite_failure: Counter,
     pub batches: Counter,
+    /// Left in the publisher's queue past their first retry time and so
+    /// handed to the scanner unsent (see `publish::still_ours`).
+    pub handed_to_scanner: Counter,
     pub resent: Counter,
     /// Scanner re-sends by outcome (`reservation_resend_total{outcome}`).
     pub resend_confirmed: Counter,
@@ -207,6 +210,7 @@ impl Default for PublishStats {
             unknown: Counter::default(),
             definite_failure: Counter::default(),
             batches: Counter::default(),
+            handed_to_scanner: Counter::default(),
             resent: Counter::default(),
             resend_confirmed: Counter::default(),
             resend_unknown: Counter::default(),

@@ -92,6 +92,9 @@ struct Summary {
     send_latency_p99_ms: f64,
     publish_batches: u64,
     scanner_resent: u64,
+    /// Queued in the publisher past their first retry time, so sent by the
+    /// scanner only (not twice).
+    handed_to_scanner: u64,
     peak_lag_messages: i64,
     peak_lag_seconds: f64,
     quiet: bool,
@@ -176,7 +179,13 @@ impl Tabular for Summary {
                 self.peak_lag_messages, self.peak_lag_seconds
             ),
         );
-        row("scanner re-sends", self.scanner_resent.to_string());
+        row(
+            "scanner re-sends",
+            format!(
+                "{} ({} handed over unsent by the publisher)",
+                self.scanner_resent, self.handed_to_scanner
+            ),
+        );
         row(
             "quarantined (all activities)",
             self.pipeline.quarantined.to_string(),
@@ -457,6 +466,7 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
         send_latency_p99_ms: stats.send_latency.p99_ms,
         publish_batches: stats.publish_batches,
         scanner_resent: stats.scanner_resent,
+        handed_to_scanner: stats.publish_handed_to_scanner,
         peak_lag_messages,
         peak_lag_seconds,
         quiet,
