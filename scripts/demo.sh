@@ -36,23 +36,10 @@ log "seckillctl health --components-only"
 # A fresh activity id per run: the bench refuses to re-seed an activity with orders.
 activity=$(date +%s)
 conf="$STATE_DIR/demo.toml"
-cat > "$conf" <<TOML
-[publisher]
-batch_max = $BATCH
-[consumer]
-batch_max = $BATCH
-threads = 4
-TOML
+write_engine_conf "$conf" "$BATCH"
 
 log "starting the engine on 127.0.0.1:$PORT (batch size $BATCH)"
-"$ctl" --config "$conf" engine run --listen "127.0.0.1:$PORT" >"$STATE_DIR/engine.log" 2>&1 &
-engine=$!
-trap 'kill -TERM $engine 2>/dev/null; wait $engine 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
-  kill -0 $engine 2>/dev/null || { cat "$STATE_DIR/engine.log" >&2; die "the engine exited"; }
-  sleep 0.2
-done
+start_engine "$ctl" "$conf" "$PORT" "$STATE_DIR/engine.log"
 
 log "flash sale: activity $activity, stock $STOCK, $USERS users, $RATE requests/s; pay $PAY_SHARE of the orders within $PAY_WITHIN"
 "$ctl" --config "$conf" bench flash-sale --activity "$activity" --sku 1 --stock "$STOCK" \

@@ -53,3 +53,25 @@ apt_install() {
   log "apt-get install $*"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
+
+# write_engine_conf FILE BATCH: the publisher and consumer batch size, 4 threads.
+write_engine_conf() {
+  printf '[publisher]\nbatch_max = %s\n[consumer]\nbatch_max = %s\nthreads = 4\n' "$2" "$2" >"$1"
+}
+
+# start_engine BIN CONF PORT LOG: runs `BIN engine run` in the background,
+# stops it on exit, and waits until /readyz answers (which waits for the
+# order consumer's queues). Sets $engine to its pid.
+start_engine() {
+  local bin=$1 conf=$2 port=$3 logfile=$4
+  "$bin" --config "$conf" engine run --listen "127.0.0.1:$port" >"$logfile" 2>&1 &
+  engine=$!
+  trap 'kill -TERM $engine 2>/dev/null; wait $engine 2>/dev/null || true' EXIT
+  local _
+  for _ in $(seq 1 150); do
+    curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return 0
+    kill -0 "$engine" 2>/dev/null || { cat "$logfile" >&2; die "the engine exited"; }
+    sleep 0.2
+  done
+  die "the engine on 127.0.0.1:$port was not ready after 30 s (see $logfile)"
+}

@@ -114,8 +114,8 @@ pub async fn run(
     spec.batch_max = cfg.consumer.batch_max;
     spec.pull_batch = cfg.consumer.batch_max.max(32);
     spec.max_reconsume_times = cfg.mq.max_reconsume_times;
-    let assigned = Arc::new(AtomicBool::new(false));
-    spec.assigned = Some(assigned.clone());
+    let (assigned, queues) = tokio::sync::watch::channel(false);
+    spec.assigned = Some(assigned);
     // The governor's limiter gates each order transaction inside the
     // budget the listener threads already respect (DESIGN.md §10).
     let consume_stats = Arc::new(ConsumeStats::default());
@@ -210,7 +210,7 @@ pub async fn run(
 
     let ready = Arc::new(AtomicBool::new(true));
     let consuming = Arc::new(AtomicBool::new(false));
-    tokio::spawn(wait_for_queues(assigned, consuming.clone(), cancel.clone()));
+    tokio::spawn(wait_for_queues(queues, consuming.clone(), cancel.clone()));
     let state = AppState {
         store: store.clone(),
         pool: pool.clone(),
@@ -364,31 +364,24 @@ const QUEUE_WAIT: Duration = Duration::from_secs(10);
 /// more consumers than the topic has queues; ingress does not need them, so
 /// after [`QUEUE_WAIT`] it is ready anyway, with a warning.
 async fn wait_for_queues(
-    assigned: Arc<AtomicBool>,
+    mut queues: tokio::sync::watch::Receiver<bool>,
     consuming: Arc<AtomicBool>,
     cancel: CancellationToken,
 ) {
     let since = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if assigned.load(Ordering::Acquire) {
-            tracing::info!(
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        got = tokio::time::timeout(QUEUE_WAIT, queues.wait_for(|has| *has)) => match got {
+            Ok(Ok(_)) => tracing::info!(
                 after_ms = since.elapsed().as_millis() as u64,
                 "the order consumer has its queues"
-            );
-            break;
-        }
-        if since.elapsed() >= QUEUE_WAIT {
-            tracing::warn!(
+            ),
+            // Timed out, or the consumer (and its listener) is gone.
+            _ => tracing::warn!(
                 "the order consumer has no queues after {} s (more consumers in the group than queues?); ready anyway",
-                QUEUE_WAIT.as_secs()
-            );
-            break;
-        }
+                since.elapsed().as_secs()
+            ),
+        },
     }
     consuming.store(true, Ordering::Release);
 }

@@ -331,17 +331,20 @@ pub fn spawn<P: Producer>(
                 tracing::debug!(?next, "outbox yields to the order path");
             }
             turn = next;
-            let full = step == Step::Pass
-                && match publish_once(&deps, &cfg).await {
-                    Ok(r) => r.claimed as i64 >= cfg.batch_max,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "outbox pass failed; retrying");
-                        false
-                    }
-                };
-            if step == Step::Pass {
-                turn = turn.after_pass(full);
-            }
+            let full = match step {
+                Step::Hold => false,
+                Step::Pass => {
+                    let full = match publish_once(&deps, &cfg).await {
+                        Ok(r) => r.claimed as i64 >= cfg.batch_max,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "outbox pass failed; retrying");
+                            false
+                        }
+                    };
+                    turn = turn.after_pass(full);
+                    full
+                }
+            };
             if full && !cancel.is_cancelled() {
                 continue;
             }

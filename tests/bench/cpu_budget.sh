@@ -33,7 +33,7 @@ mkdir -p "$STATE_DIR/bin"
 engine_bin="$STATE_DIR/bin/seckill-engine"
 cp "$ctl" "$engine_bin"
 conf="$STATE_DIR/cpu-budget.toml"
-printf '[publisher]\nbatch_max = %s\n[consumer]\nbatch_max = %s\nthreads = 4\n' "$BATCH" "$BATCH" >"$conf"
+write_engine_conf "$conf" "$BATCH"
 
 # CPU ticks (user + system) per executable name, over live processes.
 ticks() {
@@ -45,14 +45,7 @@ ticks() {
     sort
 }
 
-"$engine_bin" --config "$conf" engine run --listen "127.0.0.1:$PORT" >"$STATE_DIR/cpu-budget-engine.log" 2>&1 &
-engine=$!
-trap 'kill -TERM $engine 2>/dev/null; wait $engine 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
-  kill -0 $engine 2>/dev/null || { cat "$STATE_DIR/cpu-budget-engine.log" >&2; die "the engine exited"; }
-  sleep 0.2
-done
+start_engine "$engine_bin" "$conf" "$PORT" "$STATE_DIR/cpu-budget-engine.log"
 
 hz=$(getconf CLK_TCK)
 for run in $(seq 1 "$RUNS"); do

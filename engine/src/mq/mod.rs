@@ -17,8 +17,6 @@ pub use topics::{Names, TopicKind, TopicType};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// The user property that carries the business message id (DESIGN.md §3).
@@ -168,10 +166,10 @@ pub struct ConsumerSpec {
     pub pull_threshold_per_queue: u32,
     pub max_reconsume_times: i32,
     pub start_from: StartFrom,
-    /// Set once a rebalance has assigned this consumer queues of `topic`,
-    /// i.e. once it pulls. Until then messages wait in the broker, which is
-    /// what a daemon's readiness must say (see `daemon`).
-    pub assigned: Option<Arc<AtomicBool>>,
+    /// Told whether a rebalance has assigned this consumer queues of
+    /// `topic`, i.e. whether it pulls. Until then messages wait in the
+    /// broker, which is what a daemon's readiness must say (see `daemon`).
+    pub assigned: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl ConsumerSpec {

@@ -23,7 +23,6 @@ use rocketmq_protocol::protocol::subscription::subscription_group_config::Subscr
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -302,13 +301,13 @@ pub struct RocketConsumer {
     group: String,
 }
 
-/// Raises [`ConsumerSpec::assigned`] when a rebalance gives this consumer
+/// Tells [`ConsumerSpec::assigned`] whether a rebalance gave this consumer
 /// queues of its topic. The client calls it after the new queues' pull
 /// requests are dispatched, and only for a changed assignment. The retry
 /// topic it also subscribes to does not count.
 struct Assigned {
     topic: String,
-    flag: Arc<AtomicBool>,
+    tell: tokio::sync::watch::Sender<bool>,
 }
 
 impl MessageQueueListener for Assigned {
@@ -319,7 +318,7 @@ impl MessageQueueListener for Assigned {
         assigned: &HashSet<MessageQueue>,
     ) {
         if topic == self.topic {
-            self.flag.store(!assigned.is_empty(), Ordering::Release);
+            self.tell.send_replace(!assigned.is_empty());
         }
     }
 }
@@ -350,10 +349,10 @@ impl RocketConsumer {
                 StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
                 StartFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
             })
-            .message_queue_listener(spec.assigned.clone().map(|flag| {
+            .message_queue_listener(spec.assigned.clone().map(|tell| {
                 Arc::new(Assigned {
                     topic: spec.topic.clone(),
-                    flag,
+                    tell,
                 }) as ArcMessageQueueListener
             }))
             .build();

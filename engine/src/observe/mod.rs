@@ -85,8 +85,9 @@ pub struct PendingSample {
     pub truncated: bool,
 }
 
-/// Server-side PostgreSQL activity; counters are cumulative.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// Server-side PostgreSQL activity; counters are cumulative. Read as one row
+/// of `PG_SERVER`, column for field.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, sqlx::FromRow)]
 pub struct PgServerSample {
     pub active: i64,
     pub idle_in_transaction: i64,
@@ -463,50 +464,22 @@ SELECT
            FILTER (WHERE pid <> pg_backend_pid())), 0)::float8 AS longest_tx_s,
   current_setting('max_connections')::bigint AS max_connections,
   count(*) AS connections,
-  (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())::bigint AS commits,
+  COALESCE((SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), 0)::bigint AS commits,
   pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 AS wal_bytes,
   current_setting('autovacuum') = 'on' AS autovacuum,
-  (SELECT COALESCE(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname = ANY($1))::bigint AS dead,
-  (SELECT COALESCE(sum(n_live_tup), 0) FROM pg_stat_user_tables WHERE relname = ANY($1))::bigint AS live
+  (SELECT COALESCE(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname = ANY($1))::bigint AS churn_dead_rows,
+  (SELECT COALESCE(sum(n_live_tup), 0) FROM pg_stat_user_tables WHERE relname = ANY($1))::bigint AS churn_live_rows
 FROM pg_stat_activity
 WHERE backend_type = 'client backend' AND datname = current_database()
 "#;
 
 async fn pg_server(pool: Option<&PgPool>) -> Result<PgServerSample, String> {
     let pool = pool.ok_or(DOWN)?;
-    #[allow(clippy::type_complexity)]
-    let r: (
-        i64,
-        i64,
-        i64,
-        i64,
-        f64,
-        i64,
-        i64,
-        Option<i64>,
-        f64,
-        bool,
-        i64,
-        i64,
-    ) = sqlx::query_as(PG_SERVER)
+    sqlx::query_as(PG_SERVER)
         .bind(CHURN_TABLES)
         .fetch_one(pool)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(PgServerSample {
-        active: r.0,
-        idle_in_transaction: r.1,
-        lock_waiters: r.2,
-        io_waiters: r.3,
-        longest_tx_s: r.4,
-        max_connections: r.5,
-        connections: r.6,
-        commits: r.7.unwrap_or(0),
-        wal_bytes: r.8,
-        autovacuum: Some(r.9),
-        churn_dead_rows: r.10,
-        churn_live_rows: r.11,
-    })
+        .map_err(|e| e.to_string())
 }
 
 async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, String> {
