@@ -148,7 +148,7 @@ up() {
   status
 }
 
-# Topics with the queue counts of DESIGN.md §3 and groups with retryMaxTimes.
+# Topics with the queue counts of docs/architecture.md §3 and groups with retryMaxTimes.
 # The broker registers with the nameserver a moment after it listens, so this
 # waits. A broker of ours that listens but cannot register (rocketmq-rust
 # 1.0.0 was seen with its outgoing queue saturated, "transport.admission.

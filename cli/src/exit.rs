@@ -1,9 +1,6 @@
 //! Exit codes, chosen in one place (STYLE.md, Errors).
 
-use seckill_engine::activity::ActivityError;
-use seckill_engine::daemon::DaemonError;
-use seckill_engine::db::DbError;
-use seckill_engine::redis_conn::RedisError;
+use seckill_engine::{ActivityError, DaemonError, DbError, RedisError};
 
 /// Process exit codes. `health` uses 0, 1, 2 and 3 for ok, warn, critical and unreachable
 /// (so cron can branch on them); other commands use the rest.
@@ -11,7 +8,7 @@ use seckill_engine::redis_conn::RedisError;
 pub enum Exit {
     Ok = 0,
     Warn = 1,
-    /// `health`: a seed §28.3 alert is critical.
+    /// `health`: a docs/architecture.md §11.2 alert is critical.
     Critical = 2,
     Unreachable = 3,
     /// The schema is older (or newer) than this build.

@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use exit::Exit;
+use seckill_engine::runtime;
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
@@ -42,15 +43,15 @@ enum Command {
     /// Schema migrations
     #[command(subcommand)]
     Db(cmd::db::DbCmd),
-    /// Every component and every seed §28.3 alert; exit 0 ok, 1 warn, 2 critical, 3 unreachable
+    /// Every component and every docs/architecture.md §11.2 alert; exit 0 ok, 1 warn, 2 critical, 3 unreachable
     Health(cmd::health::HealthArgs),
-    /// Consumer lag per group: seconds, rates, drain ETA, verdict (DESIGN §10)
+    /// Consumer lag per group: seconds, rates, drain ETA, verdict (docs/architecture.md §10)
     Backlog(cmd::observe::BacklogArgs),
     /// Pending reservations per activity: oldest age, next retry, send attempts
     Pending(cmd::observe::WindowArgs),
     /// PostgreSQL pressure: the engine's pool and the server's activity
     Pg(cmd::observe::WindowArgs),
-    /// Scaling advice from the seed §22.2 table
+    /// Scaling advice from the docs/architecture.md §10.8 table
     #[command(subcommand)]
     Scale(cmd::observe::ScaleCmd),
     /// RocketMQ topics and consumer groups
@@ -61,13 +62,13 @@ enum Command {
     /// Activities and their stock
     #[command(subcommand)]
     Activity(cmd::activity::ActivityCmd),
-    /// Dead messages and their tickets (DESIGN §9)
+    /// Dead messages and their tickets (docs/architecture.md §9)
     #[command(subcommand)]
     Dlq(cmd::dlq::DlqCmd),
-    /// Pay, cancel or show an order (DESIGN §8)
+    /// Pay, cancel or show an order (docs/architecture.md §8)
     #[command(subcommand)]
     Order(cmd::order::OrderCmd),
-    /// Check the invariants of DESIGN §12; exit 5 on a violation
+    /// Check the invariants of docs/architecture.md §12; exit 5 on a violation
     Reconcile(cmd::reconcile::ReconcileArgs),
     /// Benchmarks against a running engine
     #[command(subcommand)]
@@ -129,7 +130,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
         .map_err(|e| anyhow::Error::new(exit::UsageError(format!("{e:#}"))))?;
     // The RocketMQ client never builds its own runtime (ROCKETMQ.md): the
     // binary owns it, and everything else (sqlx, redis, axum) shares it.
-    seckill_engine::runtime::run(|rt| async move {
+    runtime::run(|rt| async move {
         match cli.command {
             Command::Db(c) => cmd::db::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Health(a) => cmd::health::run(a, &cfg, rt).await,

@@ -3,7 +3,7 @@
 //! reads the environment itself (STYLE.md, Config).
 
 use anyhow::{Context, Result, bail};
-use seckill_engine::config::Config;
+use seckill_engine::Config;
 use secrecy::SecretString;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -16,9 +16,9 @@ pub struct Config {
     pub redis_url: SecretString,
     pub namesrv_addr: String,
     /// Prefix for every topic and consumer group, so environments and tests
-    /// never share broker state (DESIGN.md §3).
+    /// never share broker state (docs/architecture.md §3).
     pub topic_prefix: String,
-    /// First part of every Redis key (`<prefix>:{<activity>}:...`, DESIGN.md §4),
+    /// First part of every Redis key (`<prefix>:{<activity>}:...`, docs/architecture.md §4),
     /// so environments and tests never share keys.
     pub redis_prefix: String,
     /// Where operator commands find a running engine's `/v1/stats` (engine-
@@ -32,25 +32,25 @@ pub struct Config {
     pub outbox: OutboxConfig,
     pub lifecycle: LifecycleConfig,
     pub dlq: DlqConfig,
-    /// Seed §28.3 thresholds.
-    pub alerts: crate::alerts::AlertConfig,
+    /// docs/architecture.md §11.2 thresholds.
+    pub alerts: crate::decide::alerts::AlertConfig,
     pub governor: GovernorConfig,
 }
 
-/// The daemon's backlog governor (DESIGN.md §10): how often it samples
+/// The daemon's backlog governor (docs/architecture.md §10): how often it samples
 /// lag, pending and the pool, for `/metrics`, admission control and the
 /// adaptive consumer concurrency.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GovernorConfig {
     pub interval_ms: u64,
-    /// Refuse new reservations on the seed §22.2 last row.
+    /// Refuse new reservations on the docs/architecture.md §10.8 last row.
     pub admission_control: bool,
     /// Clear ticks in a row before a tripped gate opens again.
     pub recover_after_ticks: u32,
     /// Adapt the order consumer's concurrency inside its budget.
     pub adaptive_concurrency: bool,
-    /// Seed §22.1 inputs: order transactions PostgreSQL sustains (a load
+    /// docs/architecture.md §10.7 inputs: order transactions PostgreSQL sustains (a load
     /// test figure; default: the pool size) and the engine instances sharing it.
     pub safe_pg_concurrency: Option<u32>,
     pub instances: u32,
@@ -69,7 +69,7 @@ impl Default for GovernorConfig {
     }
 }
 
-/// The DLQ governor (DESIGN.md §9).
+/// The DLQ governor (docs/architecture.md §9).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DlqConfig {
@@ -88,7 +88,7 @@ impl Default for DlqConfig {
     }
 }
 
-/// The outbox publisher (DESIGN.md §8): claims due `event_outbox` rows and
+/// The outbox publisher (docs/architecture.md §8): claims due `event_outbox` rows and
 /// sends them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -106,14 +106,14 @@ pub struct OutboxConfig {
     pub backoff_max_ms: u64,
     /// While the order consumer is creating orders, the outbox holds back
     /// for up to this long, then drains everything due before it may hold
-    /// back again (seed §21.2 item 4: non-core work yields to the order
+    /// back again (docs/architecture.md §10.5 item 4: non-core work yields to the order
     /// path). Its events, and the projection and cancel work they feed,
     /// compete for the same cores and PostgreSQL during a burst. 0 never
     /// holds back.
     pub yield_to_orders_ms: u64,
 }
 
-/// The after-order consumers and their safety-net sweeps (DESIGN.md §8).
+/// The after-order consumers and their safety-net sweeps (docs/architecture.md §8).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LifecycleConfig {
@@ -133,7 +133,7 @@ pub struct LifecycleConfig {
     pub compensation_grace_ms: u64,
 }
 
-/// The micro-batching publisher (DESIGN.md §6).
+/// The micro-batching publisher (docs/architecture.md §6).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PublisherConfig {
@@ -147,7 +147,7 @@ pub struct PublisherConfig {
     pub queue_capacity: usize,
 }
 
-/// The pending-reservation scanner (seed §13).
+/// The pending-reservation scanner (docs/architecture.md §6.5).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScannerConfig {
@@ -163,15 +163,15 @@ pub struct ScannerConfig {
     pub backoff_max_ms: u64,
 }
 
-/// The order-create consumer (DESIGN.md §7).
+/// The order-create consumer (docs/architecture.md §7).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConsumerConfig {
     /// Messages per listener call and per PostgreSQL transaction; 1 is supported.
     pub batch_max: u32,
-    /// Listener threads wanted; the PostgreSQL budget caps them (seed §22).
+    /// Listener threads wanted; the PostgreSQL budget caps them (docs/architecture.md §10).
     pub threads: u32,
-    /// Share of the pool the order consumer may hold (seed §22.1's order
+    /// Share of the pool the order consumer may hold (docs/architecture.md §10.7's order
     /// share); the rest stays for ingress, scanner and operators.
     pub pg_share: f64,
 }
@@ -180,7 +180,7 @@ impl Config {
     /// The order consumer's concurrency: `threads`, never above the budget
     /// `floor(pg.max_connections × consumer.pg_share)`, and at least 1.
     /// Each listener thread holds one connection for its transaction, so
-    /// more threads than this would only queue on the pool (DESIGN.md §7).
+    /// more threads than this would only queue on the pool (docs/architecture.md §7).
     pub fn consumer_threads(&self) -> u32 {
         let budget = (self.pg.max_connections as f64 * self.consumer.pg_share.clamp(0.0, 1.0))
             .floor() as u32;
@@ -198,7 +198,7 @@ pub struct PgConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MqConfig {
-    /// Deadline for one bounded send, across the client's own attempts (DESIGN.md §6).
+    /// Deadline for one bounded send, across the client's own attempts (docs/architecture.md §6).
     pub send_timeout_ms: u64,
     pub send_retries: u32,
     /// Consumer retries before the broker moves a message to `%DLQ%<group>`.
@@ -224,7 +224,7 @@ impl Default for Config {
             outbox: OutboxConfig::default(),
             lifecycle: LifecycleConfig::default(),
             dlq: DlqConfig::default(),
-            alerts: crate::alerts::AlertConfig::default(),
+            alerts: crate::decide::alerts::AlertConfig::default(),
             governor: GovernorConfig::default(),
         }
     }

@@ -1,49 +1,109 @@
-//! `seckill-engine`: the headless flash-sale pipeline (DESIGN.md).
+//! `seckill-engine`: the headless flash-sale pipeline. Redis reserves stock,
+//! RocketMQ absorbs the burst, PostgreSQL creates the orders. The design, its
+//! failure windows and its invariants are in `docs/architecture.md`; this
+//! page is the map of the code.
 //!
-//! Redis reserves stock, RocketMQ absorbs the burst, PostgreSQL creates the
-//! orders. One module per concern, each with a `//!` doc naming its inputs
-//! and outputs:
+//! # Layout
 //!
-//! - [`config`]: the one config struct, handed in by the binary.
-//! - [`ids`], [`status`]: identifier newtypes and every status enum.
-//! - [`db`]: the pool, migrations and the schema guard.
-//! - [`redis_conn`]: the Redis connection.
-//! - [`mq`]: the message-queue boundary and its rocketmq-rust implementation.
-//! - [`health`]: real probes of every component.
-//! - [`runtime`]: the process's one runtime, shared with the RocketMQ client.
+//! Each folder is one kind of thing, and imports run one way, from the top
+//! of this list to the bottom (docs/architecture.md §15.1; the
+//! `engine/tests/layout.rs` test fails on a cycle):
+//!
+//! | layer | folder | what lives there |
+//! |---|---|---|
+//! | surface | `daemon/` | `seckillctl engine run`: every component started and stopped in one place; HTTP (`api` bodies, `http` handlers), `/metrics`, the governor's tick |
+//! | operations | `dlq/` | the mirror of `%DLQ%` groups, tickets, the webhook, guarded replay |
+//! | | `ops/` | activities, the reconcile of the invariants, pipeline facts, reservation status |
+//! | | `observe/` | samples of every component, the history and pure views the CLI, TUI and governor share, health probes |
+//! | stages | `pipeline/` | ingress, publish, scan, consume, outbox, order, lifecycle consumers, adaptive concurrency |
+//! | adapters | `reservation/` | the Redis Lua scripts and the reservation store |
+//! | | `mq/` | the message-queue boundary and its rocketmq-rust implementation |
+//! | | `store/` | the PostgreSQL pool (migrations, schema guard) and the Redis connection |
+//! | setup | `config.rs`, `runtime.rs` | layered configuration; the process's one runtime |
+//! | vocabulary | `domain/` | ids, statuses, message bodies, counters and the stats view, the clock |
+//! | | `decide/` | pure decisions: backlog, scale, alerts, admission |
+//!
+//! # The face
+//!
+//! Everything the CLI, the TUI and the tests use is re-exported here, and
+//! they import from this root only: types by name, and the modules whose
+//! functions read best qualified (`reconcile::run`, `tickets::list`) as
+//! namespaces. The folders themselves are private.
 //!
 //! This crate never depends on a UI crate (clap, ratatui, crossterm,
 //! comfy-table): `cargo tree -p seckill-engine` proves it.
 
-pub mod activity;
-pub mod admission;
-pub mod alerts;
-pub mod backlog;
-pub mod concurrency;
-pub mod config;
-pub mod consume;
-pub mod daemon;
-pub mod db;
-pub mod dlq;
-pub mod facts;
-pub mod governor;
-pub mod health;
-pub mod http;
-pub mod ids;
-pub mod lifecycle;
-pub mod message;
-pub mod metrics;
-pub mod mq;
-pub mod observe;
-pub mod order;
-pub mod outbox;
-pub mod publish;
-pub mod reconcile;
-pub mod redis_conn;
-pub mod reservation;
-pub mod reservation_status;
+mod config;
+mod daemon;
+mod decide;
+mod dlq;
+mod domain;
+mod mq;
+mod observe;
+mod ops;
+mod pipeline;
+mod reservation;
 pub mod runtime;
-pub mod scale;
-pub mod scan;
-pub mod stats;
-pub mod status;
+mod store;
+
+// Configuration and the daemon.
+pub use config::{
+    Config, ConsumerConfig, DlqConfig, GovernorConfig, LifecycleConfig, MqConfig, OutboxConfig,
+    PgConfig, PublisherConfig, ScannerConfig, redact_url,
+};
+pub use daemon::api::{ApiError, PayBody, PayView, Queued, ReserveBody, StatusView};
+pub use daemon::metrics::METRIC_NAMES;
+pub use daemon::{DaemonError, run as run_daemon};
+pub use runtime::ClientRuntime;
+
+// The vocabulary: every id newtype, every status enum, the message bodies.
+pub use domain::ids::*;
+pub use domain::message;
+pub use domain::stats::{
+    ConsumeView, GovernorView, LifecycleStats, LifecycleView, Percentiles, PoolView, ResendView,
+    StatsView,
+};
+pub use domain::status::{self, *};
+
+// Pure decisions.
+pub use decide::alerts::{self, Alert, AlertConfig, AlertInputs, AlertState, Ratio};
+pub use decide::backlog::{self, Drain, Level};
+pub use decide::scale::{self, Advice, ScaleInputs};
+
+// Adapters.
+pub use mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
+pub use mq::topics::{dlq_topic, retry_topic};
+pub use mq::{
+    ConsumeVerdict, ConsumerSpec, DefiniteCause, Handler, IncomingMessage, Names, OutgoingMessage,
+    PROP_MESSAGE_ID, Producer, SendOutcome, SendReceipt, StartFrom, TopicKind, TopicSpec,
+    TopicType, UnknownCause, setup as setup_mq,
+};
+pub use reservation::{
+    MqStatus, ReleaseOutcome, Reservation, ReservationError, ReservationStore, ReserveOutcome,
+    ReserveRequest, SeedOutcome,
+};
+pub use store::db::{self, DbError, MigrationRow, MigrationState};
+pub use store::redis::{self as redis_conn, RedisError};
+
+// Pipeline stages.
+pub use pipeline::consume::{self, OrderConsumer};
+pub use pipeline::lifecycle::{self, CancelConsumer, CompensationConsumer, ProjectionConsumer};
+pub use pipeline::order::{self, CancelMode, CancelOutcome, OrderRow, PayOutcome};
+pub use pipeline::{outbox, publish};
+
+// Operations.
+pub use dlq::replay::{
+    self, BulkReport, BulkRequest, Check as ReplayCheck, Level as CheckLevel, ReplayError,
+    ReplayReport, ReplayRequest, Verdict,
+};
+pub use dlq::tickets::{
+    self, ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction, TicketError,
+};
+pub use dlq::{mirror_once, webhook};
+pub use observe::health::{self, ComponentHealth, HealthReport, HealthState};
+pub use observe::view::{self, BacklogRow, PendingRow, PgView, PoolRow, ServerRow};
+pub use observe::{History, Observer, RATE_SPAN, Sample, SourceError};
+pub use ops::activity::{self, ActivityError, ActivityView, NewActivity};
+pub use ops::facts::{self, PipelineFacts};
+pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVerdict};
+pub use ops::reservation_status;

@@ -1,7 +1,7 @@
 -- order_tx_batch.sql: the batched order transaction, 50 messages per transaction.
 --
 -- A pgbench custom script that runs the order-create consumer's transaction
--- (engine/src/consume/sql.rs, DESIGN.md §7) for 50 new messages per
+-- (engine/src/consume/sql.rs, docs/architecture.md §7) for 50 new messages per
 -- transaction, on the hot path: every message is new, valid and gets stock.
 -- The statements between BEGIN and COMMIT are the consumer's own, verbatim,
 -- with each $n spelled as a pgbench variable; the `consume` integration test
@@ -33,7 +33,7 @@
 -- second FINISH, run only when a batch gets fewer units than orders) is
 -- not part of the figures.
 --
--- Check afterwards (conservation, DESIGN.md §12):
+-- Check afterwards (conservation, docs/architecture.md §12):
 --   SELECT i.total_stock - i.available_stock = (SELECT count(*) FROM orders)
 --   FROM inventory i WHERE activity_id = 1 AND sku_id = 1;
 

@@ -5,14 +5,10 @@
 
 use anyhow::Result;
 use redis::aio::ConnectionManager;
-use seckill_engine::config::Config;
-use seckill_engine::ids::{
-    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
+use seckill_engine::{
+    ActivityId, ClientRuntime, Config, MessageId, Names, OrderId, RequestId, ReservationId,
+    ReserveRequest, RocketAdmin, SkuId, UserId,
 };
-use seckill_engine::mq::Names;
-use seckill_engine::mq::rocket::RocketAdmin;
-use seckill_engine::reservation::ReserveRequest;
-use seckill_engine::runtime::ClientRuntime;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
 use std::future::Future;
@@ -49,11 +45,8 @@ pub struct TestEnv {
 
 impl TestEnv {
     /// This test's reservation store (its own key prefix).
-    pub fn store(&self) -> seckill_engine::reservation::ReservationStore {
-        seckill_engine::reservation::ReservationStore::new(
-            self.redis.clone(),
-            self.cfg.redis_prefix.clone(),
-        )
+    pub fn store(&self) -> seckill_engine::ReservationStore {
+        seckill_engine::ReservationStore::new(self.redis.clone(), self.cfg.redis_prefix.clone())
     }
 
     /// An activity with one SKU, seeded in PostgreSQL and Redis alike, with
@@ -198,7 +191,7 @@ where
     let admin = RocketAdmin::start(rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?;
     if setup == Setup::Full {
         seckill_engine::db::migrate(&pool).await?;
-        seckill_engine::mq::setup(&admin, &names, cfg.mq.max_reconsume_times).await?;
+        seckill_engine::setup_mq(&admin, &names, cfg.mq.max_reconsume_times).await?;
     }
     let env = TestEnv {
         cfg: cfg.clone(),
@@ -272,7 +265,7 @@ impl Engine {
             let shutdown = async move {
                 let _ = rx.await;
             };
-            if let Err(e) = seckill_engine::daemon::run(cfg, rt, listener, shutdown).await {
+            if let Err(e) = seckill_engine::run_daemon(cfg, rt, listener, shutdown).await {
                 panic!("engine failed: {e}");
             }
         });

@@ -1,4 +1,4 @@
-//! The order-create consumer (DESIGN.md §7) against a real PostgreSQL.
+//! The order-create consumer (docs/architecture.md §7) against a real PostgreSQL.
 //!
 //! Every scenario runs in three shapes, each in its own database:
 //! - `batch_1`: every message in its own transaction, all at once;
@@ -9,20 +9,17 @@
 //!
 //! "At once" is a barrier every transaction waits on before it starts;
 //! nothing waits on a sleep. Every scenario ends with [`check_invariants`],
-//! the per-reservation facts of DESIGN.md §12.
+//! the per-reservation facts of docs/architecture.md §12.
 
 use anyhow::{Context, Result, ensure};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use seckill_engine::consume::events::{OrderEvent, ReleaseReservation};
-use seckill_engine::consume::{self, MessageOutcome, OrderConsumer, Parsed, RejectReason, sql};
-use seckill_engine::ids::{
-    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
+use seckill_engine::{
+    ActivityId, ConsumeVerdict, FailureClass, Handler, IncomingMessage, MessageId, OrderConsumer,
+    OrderId, PROP_MESSAGE_ID, RequestId, ReservationId, ReservationOutcome, SkuId, TopicKind,
+    UserId, consume, consume::MessageOutcome, consume::Parsed, consume::RejectReason, consume::sql,
+    message::CancelOrderIfUnpaid, message::ORDER_CREATE_EVENT, message::OrderCreateRequested,
+    message::OrderEvent, message::ReleaseReservation, message::TraceContext,
 };
-use seckill_engine::message::{
-    CancelOrderIfUnpaid, ORDER_CREATE_EVENT, OrderCreateRequested, TraceContext,
-};
-use seckill_engine::mq::{ConsumeVerdict, Handler, IncomingMessage, PROP_MESSAGE_ID, TopicKind};
-use seckill_engine::status::{FailureClass, ReservationOutcome};
 use seckill_tests::{Setup, TestEnv, run};
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
@@ -98,7 +95,7 @@ struct Fixture {
     /// For assertions; the consumer has its own pool.
     pool: PgPool,
     consumer: OrderConsumer,
-    names: seckill_engine::mq::Names,
+    names: seckill_engine::Names,
     url: String,
     next_user: Arc<AtomicI64>,
 }
@@ -340,7 +337,7 @@ fn created(o: &MessageOutcome) -> bool {
     matches!(o, MessageOutcome::Created { .. })
 }
 
-/// DESIGN.md §12, per reservation and per inventory row, over the whole
+/// docs/architecture.md §12, per reservation and per inventory row, over the whole
 /// database (padding included).
 async fn check_invariants(pool: &PgPool) -> Result<()> {
     // Conservation in PostgreSQL: available + valid orders = total.
@@ -477,7 +474,7 @@ async fn same_message_100_times(fx: Fixture) -> Result<()> {
     check_invariants(&fx.pool).await
 }
 
-/// Seed §29.2 item 2: one reservation under 10 message ids. One order, and
+/// docs/architecture.md §12.1 item 2: one reservation under 10 message ids. One order, and
 /// the duplicates compensate nothing.
 async fn same_reservation_under_10_message_ids(fx: Fixture) -> Result<()> {
     set_stock(&fx.pool, ACTIVITY, SKU, 100).await?;

@@ -1,25 +1,17 @@
-//! The DLQ loop (DESIGN.md §9) against the real broker: a poison message
+//! The DLQ loop (docs/architecture.md §9) against the real broker: a poison message
 //! exhausts its retries, lands in `%DLQ%<group>`, is mirrored with the
 //! error class its consumer recorded, and gets a ticket whose lifecycle
 //! the operator moves.
 
 use anyhow::ensure;
 use chrono::{Duration as ChronoDuration, Utc};
-use seckill_engine::consume::OrderConsumer;
-use seckill_engine::dlq::replay::{
-    BulkRequest, Check, Level, ReplayError, ReplayRequest, replay, replay_ticket,
-};
-use seckill_engine::dlq::tickets::{self, TicketAction, TicketError};
-use seckill_engine::dlq::{ApplyError, mirror_once};
-use seckill_engine::ids::{
-    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
-};
-use seckill_engine::message::{ORDER_CREATE_EVENT, OrderCreateRequested, TraceContext};
-use seckill_engine::mq::rocket::{RocketConsumer, RocketProducer};
-use seckill_engine::mq::{ConsumerSpec, Producer, TopicKind};
-use seckill_engine::publish::to_outgoing;
-use seckill_engine::status::{
-    DlqEntryStatus, FailureClass, ReplayDecision, ReplayOutcome, TicketStatus,
+use seckill_engine::{
+    ActivityId, ApplyError, BulkRequest, CheckLevel as Level, ConsumerSpec, DlqEntryStatus,
+    FailureClass, MessageId, OrderConsumer, OrderId, Producer, ReplayDecision, ReplayError,
+    ReplayOutcome, ReplayRequest, RequestId, ReservationId, RocketConsumer, RocketProducer, SkuId,
+    TicketAction, TicketError, TicketStatus, TopicKind, UserId, message::ORDER_CREATE_EVENT,
+    message::OrderCreateRequested, message::TraceContext, mirror_once, publish::to_outgoing,
+    replay::Check, replay::replay, replay::replay_ticket, tickets,
 };
 use seckill_tests::{Setup, eventually, run};
 use secrecy::ExposeSecret;
@@ -548,18 +540,18 @@ struct Timed {
 impl Producer for Timed {
     async fn send(
         &self,
-        msg: seckill_engine::mq::OutgoingMessage,
+        msg: seckill_engine::OutgoingMessage,
         timeout: Duration,
-    ) -> seckill_engine::mq::SendOutcome {
+    ) -> seckill_engine::SendOutcome {
         self.at.lock().unwrap().push(std::time::Instant::now());
         self.inner.send(msg, timeout).await
     }
 
     async fn send_batch(
         &self,
-        msgs: Vec<seckill_engine::mq::OutgoingMessage>,
+        msgs: Vec<seckill_engine::OutgoingMessage>,
         timeout: Duration,
-    ) -> seckill_engine::mq::SendOutcome {
+    ) -> seckill_engine::SendOutcome {
         self.at.lock().unwrap().push(std::time::Instant::now());
         self.inner.send_batch(msgs, timeout).await
     }
@@ -739,8 +731,7 @@ fn a_new_ticket_is_posted_to_the_webhook_once_delivered_with_its_id_as_the_idemp
             .await?;
         let (url, seen) = flaky_tracker().await?;
         let http = reqwest::Client::new();
-        let delivered =
-            seckill_engine::dlq::webhook::deliver_pending(&env.pool, &http, &url).await?;
+        let delivered = seckill_engine::webhook::deliver_pending(&env.pool, &http, &url).await?;
         assert_eq!(delivered, 1);
         let requests = seen.lock().unwrap().clone();
         assert_eq!(requests.len(), 2, "one failure, one retry");
@@ -763,7 +754,7 @@ fn a_new_ticket_is_posted_to_the_webhook_once_delivered_with_its_id_as_the_idemp
         assert_eq!(status.as_deref(), Some("DELIVERED 200"));
         // Delivered tickets are not posted again.
         assert_eq!(
-            seckill_engine::dlq::webhook::deliver_pending(&env.pool, &http, &url).await?,
+            seckill_engine::webhook::deliver_pending(&env.pool, &http, &url).await?,
             0
         );
         assert_eq!(seen.lock().unwrap().len(), 2);
@@ -782,8 +773,7 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
         let dead = dead_entries(&env, "tkt_pre", activity, sku, 1).await?;
         let id = dead[0].message_id.to_string();
         let group = env.names.group(TopicKind::OrderCreate);
-        let checks =
-            seckill_engine::dlq::replay::precheck(&env.pool, &env.names, &group, &id).await?;
+        let checks = seckill_engine::replay::precheck(&env.pool, &env.names, &group, &id).await?;
         let audits: i64 = sqlx::query_scalar("SELECT count(*) FROM replay_audit")
             .fetch_one(&env.pool)
             .await?;
@@ -792,22 +782,22 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
         assert!(
             checks
                 .iter()
-                .all(|v| v.level != seckill_engine::dlq::replay::Level::Block),
+                .all(|v| v.level != seckill_engine::CheckLevel::Block),
             "{checks:?}"
         );
         let unknown =
-            seckill_engine::dlq::replay::precheck(&env.pool, &env.names, &group, "msg_nope").await;
+            seckill_engine::replay::precheck(&env.pool, &env.names, &group, "msg_nope").await;
         assert!(
             unknown.is_err(),
             "an unknown message is an error, not an empty verdict"
         );
 
         let p = producer(&env).await?;
-        let report = seckill_engine::dlq::replay::replay(
+        let report = seckill_engine::replay::replay(
             &env.pool,
             &env.names,
             &p,
-            &seckill_engine::dlq::replay::ReplayRequest {
+            &seckill_engine::ReplayRequest {
                 message_id: id.clone(),
                 group: Some(group.clone()),
                 reason: "compare".into(),
@@ -819,7 +809,7 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
         )
         .await?;
         p.shutdown().await;
-        let strip = |v: &[seckill_engine::dlq::replay::Verdict]| -> Vec<(String, String)> {
+        let strip = |v: &[seckill_engine::Verdict]| -> Vec<(String, String)> {
             v.iter()
                 .map(|v| (v.check.as_str().to_owned(), format!("{:?}", v.level)))
                 .collect()

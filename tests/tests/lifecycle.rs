@@ -1,4 +1,4 @@
-//! After the order (DESIGN.md §8) against the real PostgreSQL, Redis and
+//! After the order (docs/architecture.md §8) against the real PostgreSQL, Redis and
 //! RocketMQ: the pay/cancel race, the delayed cancel delivered early, late
 //! and twice, the compensation released exactly once, the projection
 //! replayed out of order, the sweeps, and the outbox publisher.
@@ -9,27 +9,17 @@
 
 use anyhow::{Result, ensure};
 use chrono::{Duration as ChronoDuration, Utc};
-use seckill_engine::config::OutboxConfig;
-use seckill_engine::consume::events::{OrderEvent, RELEASE_RESERVATION_EVENT, ReleaseReservation};
-use seckill_engine::ids::{
-    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
+use seckill_engine::{
+    ActivityId, CancelConsumer, CancelMode, CancelNoop, CancelOutcome, CompensationConsumer,
+    CompensationSource, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, LifecycleStats,
+    MessageId, OrderId, OrderStatus, OutboxConfig, OutgoingMessage, PROP_MESSAGE_ID, PayOutcome,
+    Producer, ProjectionConsumer, ReleaseOutcome, RequestId, ReservationId, ReservationStore,
+    ReserveOutcome, ReserveRequest, RocketConsumer, RocketProducer, SendOutcome, SkuId, TopicKind,
+    UnknownCause, UserId, lifecycle::cancel, lifecycle::cancel::Settled as CancelSettled,
+    lifecycle::compensate, lifecycle::compensate::Settled as CompSettled, message::CANCEL_EVENT,
+    message::CancelOrderIfUnpaid, message::OrderEvent, message::RELEASE_RESERVATION_EVENT,
+    message::ReleaseReservation, message::SCHEMA_VERSION, order, outbox, outbox::OutboxDeps,
 };
-use seckill_engine::lifecycle::cancel::{self, Settled as CancelSettled};
-use seckill_engine::lifecycle::compensate::{self, Settled as CompSettled};
-use seckill_engine::lifecycle::{CancelConsumer, CompensationConsumer, ProjectionConsumer};
-use seckill_engine::message::{CANCEL_EVENT, CancelOrderIfUnpaid, SCHEMA_VERSION};
-use seckill_engine::mq::rocket::{RocketConsumer, RocketProducer};
-use seckill_engine::mq::{
-    ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, OutgoingMessage, PROP_MESSAGE_ID,
-    Producer, SendOutcome, TopicKind, UnknownCause,
-};
-use seckill_engine::order::{self, CancelMode, CancelNoop, CancelOutcome, PayOutcome};
-use seckill_engine::outbox::{self, OutboxDeps};
-use seckill_engine::reservation::{
-    ReleaseOutcome, ReservationStore, ReserveOutcome, ReserveRequest,
-};
-use seckill_engine::stats::LifecycleStats;
-use seckill_engine::status::{CompensationSource, OrderStatus};
 use seckill_tests::{Setup, TestEnv, eventually, run};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -92,7 +82,7 @@ async fn insert_order(env: &TestEnv, user: i64, expires_in: ChronoDuration) -> R
     Ok(order)
 }
 
-/// PostgreSQL conservation (DESIGN.md §12) and the per-order facts: a
+/// PostgreSQL conservation (docs/architecture.md §12) and the per-order facts: a
 /// canceled order has exactly one +1 ledger row and one CANCELLATION task;
 /// any other order has neither.
 async fn check_books(env: &TestEnv) -> Result<()> {
@@ -723,7 +713,7 @@ impl Scripted {
                 detail: "scripted timeout".into(),
             }
         } else {
-            SendOutcome::Confirmed(seckill_engine::mq::SendReceipt {
+            SendOutcome::Confirmed(seckill_engine::SendReceipt {
                 broker_msg_id: "scripted".into(),
                 offset_msg_id: None,
                 queue_id: None,

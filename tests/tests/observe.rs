@@ -1,19 +1,14 @@
-//! Backlog governance and observability against the real stack (DESIGN.md
+//! Backlog governance and observability against the real stack (docs/architecture.md
 //! §10–11): lag in seconds under a stopped consumer, the pending view,
 //! `/metrics` as Prometheus text, and admission control tripping and
 //! recovering in the daemon.
 
 use anyhow::{Result, ensure};
-use seckill_engine::backlog::{Drain, Level};
-use seckill_engine::config::Config;
-use seckill_engine::ids::{ActivityId, RequestId, SkuId};
-use seckill_engine::message::TraceContext;
-use seckill_engine::metrics::SEED_NAMES;
-use seckill_engine::mq::rocket::RocketProducer;
-use seckill_engine::mq::{Producer, TopicKind};
-use seckill_engine::observe::{Observer, view};
-use seckill_engine::publish::{order_message, to_outgoing};
-use seckill_engine::reservation::ReserveOutcome;
+use seckill_engine::{
+    ActivityId, Config, Drain, Level, METRIC_NAMES, Observer, Producer, RequestId, ReserveOutcome,
+    RocketProducer, SkuId, TopicKind, message::TraceContext, publish::order_message,
+    publish::to_outgoing, view,
+};
 use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -159,7 +154,7 @@ fn metrics_are_prometheus_text_with_every_seed_name() {
         engine.stop().await?;
 
         let sampled = parse_prometheus(&text)?;
-        for name in SEED_NAMES {
+        for name in METRIC_NAMES {
             ensure!(sampled.contains(name), "{name} has no sample in:\n{text}");
         }
         let value = |series: &str| -> Option<f64> {

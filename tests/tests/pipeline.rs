@@ -1,19 +1,14 @@
 //! The order path end to end against the real stack: the three failure
-//! windows of DESIGN.md §1, the HTTP ingress contract, and two daemons
+//! windows of docs/architecture.md §1, the HTTP ingress contract, and two daemons
 //! sharing the work. Each window runs at batch size 1 and at the default.
 
 use anyhow::{Result, ensure};
-use seckill_engine::activity::{self, NewActivity};
-use seckill_engine::config::Config;
-use seckill_engine::consume::OrderConsumer;
-use seckill_engine::ids::{ActivityId, RequestId, ReservationId, SkuId};
-use seckill_engine::message::TraceContext;
-use seckill_engine::mq::rocket::{RocketConsumer, RocketProducer};
-use seckill_engine::mq::{
-    ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Producer, TopicKind,
+use seckill_engine::{
+    ActivityId, Config, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, NewActivity,
+    OrderConsumer, Producer, RequestId, Reservation, ReservationId, ReservationStore,
+    ReserveOutcome, ReserveRequest, RocketConsumer, RocketProducer, SkuId, TopicKind, activity,
+    message::TraceContext, publish::order_message, publish::to_outgoing,
 };
-use seckill_engine::publish::{order_message, to_outgoing};
-use seckill_engine::reservation::{Reservation, ReservationStore, ReserveOutcome, ReserveRequest};
 use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,14 +35,14 @@ fn engine_cfg(env: &TestEnv, batch: usize) -> Config {
     cfg.scanner.backoff_base_ms = 100;
     cfg.scanner.backoff_max_ms = 1_000;
     // These tests are about the order path, not the governor: on a loaded
-    // 2-core CI box a short-validity test activity can look like the seed
-    // §22.2 last row and close ingress. tests/observe.rs tests that row.
+    // 2-core CI box a short-validity test activity can look like docs/architecture.md
+    // §10.8 last row and close ingress. tests/observe.rs tests that row.
     cfg.governor.admission_control = false;
     cfg
 }
 
 /// One order, one ledger row and one inbox row: the business effect
-/// happened exactly once (DESIGN.md §12).
+/// happened exactly once (docs/architecture.md §12).
 async fn assert_one_business_effect(env: &TestEnv) -> Result<()> {
     assert_eq!(count(env, "SELECT count(*) FROM orders").await?, 1);
     assert_eq!(

@@ -1,14 +1,12 @@
-//! The Redis reservation scripts (DESIGN.md §4) against the real Redis: each
+//! The Redis reservation scripts (docs/architecture.md §4) against the real Redis: each
 //! test under its own key prefix, every assertion on state read back.
 
 use anyhow::{Result, bail, ensure};
 use redis::AsyncCommands;
-use seckill_engine::ids::{
-    ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId,
-};
-use seckill_engine::reservation::{
-    MqStatus, ReleaseOutcome, Reservation, ReservationError, ReservationStore, ReserveOutcome,
-    ReserveRequest, SeedOutcome,
+use seckill_engine::{
+    ActivityId, MessageId, MqStatus, OrderId, ReleaseOutcome, RequestId, Reservation,
+    ReservationError, ReservationId, ReservationStore, ReserveOutcome, ReserveRequest, SeedOutcome,
+    SkuId, UserId,
 };
 use seckill_tests::{Setup, TestEnv, run};
 use std::collections::HashSet;
@@ -623,7 +621,7 @@ fn pending_views_follow_the_zset() {
         );
         assert_eq!(s.pending_count(A).await?, 1);
         assert_eq!(s.oldest_pending(A).await?, Some(late.clone()));
-        // Sent still holds stock: only release frees it (DESIGN.md §12).
+        // Sent still holds stock: only release frees it (docs/architecture.md §12).
         assert_eq!(s.live_reservations(A).await?, 2);
         assert_eq!(
             s.release(A, &late.reservation_id).await?,

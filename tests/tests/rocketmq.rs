@@ -2,11 +2,10 @@
 //! Each test uses its own topic and group prefix on the shared broker.
 
 use anyhow::{Result, ensure};
-use seckill_engine::ids::{MessageId, ReservationId};
-use seckill_engine::mq::rocket::{RocketConsumer, RocketProducer};
-use seckill_engine::mq::{
-    ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, OutgoingMessage, PROP_MESSAGE_ID,
-    Producer, SendOutcome, StartFrom, TopicKind, TopicSpec, TopicType, topics,
+use seckill_engine::{
+    ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, MessageId, OutgoingMessage,
+    PROP_MESSAGE_ID, Producer, ReservationId, RocketConsumer, RocketProducer, SendOutcome,
+    StartFrom, TopicKind, TopicSpec, TopicType, dlq_topic,
 };
 use seckill_tests::{Setup, TestEnv, eventually, run};
 use std::collections::HashMap;
@@ -160,7 +159,7 @@ fn reconsume_later_until_the_limit_moves_the_message_to_the_dlq() {
         assert_eq!(deliveries[1].1.reconsume_times, 1);
         assert_eq!(deliveries[1].1.message_id(), Some(mid.as_str()));
 
-        let dlq = topics::dlq_topic(&group);
+        let dlq = dlq_topic(&group);
         let dead = eventually(
             Duration::from_secs(90),
             "the message in the DLQ",

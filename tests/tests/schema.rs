@@ -2,9 +2,9 @@
 //! the enum mapping.
 
 use anyhow::Result;
-use seckill_engine::db::{self, DbError, MigrationState};
-use seckill_engine::ids::{OrderId, RequestId, ReservationId};
-use seckill_engine::status::{self, OrderStatus};
+use seckill_engine::{
+    DbError, MigrationState, OrderId, OrderStatus, RequestId, ReservationId, db, status,
+};
 use seckill_tests::{Setup, run};
 use sqlx::migrate::Migrator;
 use std::path::PathBuf;

@@ -10,15 +10,10 @@ use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use seckill_engine::alerts;
-use seckill_engine::config::Config;
-use seckill_engine::db;
-use seckill_engine::dlq::replay::{self, ReplayRequest};
-use seckill_engine::dlq::tickets::{self, TicketAction};
-use seckill_engine::mq::Names;
-use seckill_engine::mq::rocket::RocketProducer;
-use seckill_engine::observe::{History, Observer, Sample, view};
-use seckill_engine::runtime::ClientRuntime;
+use seckill_engine::{
+    ClientRuntime, Config, History, Names, Observer, ReplayRequest, RocketProducer, Sample,
+    TicketAction, alerts, db, replay, tickets, view,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -2,14 +2,13 @@
 //! No I/O, no terminal types: [`crate::update`] changes it, [`crate::ui`]
 //! draws it.
 
-use seckill_engine::alerts::Alert;
-use seckill_engine::dlq::replay::{ReplayReport, Verdict};
-use seckill_engine::dlq::tickets::{DlqEntry, Ticket};
-use seckill_engine::observe::view::{BacklogRow, PendingRow, PgView};
+use seckill_engine::{
+    Alert, BacklogRow, DlqEntry, PendingRow, PgView, ReplayReport, Ticket, Verdict,
+};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-/// A sparkline keeps this much history (DESIGN.md §13: the last 5 minutes).
+/// A sparkline keeps this much history (docs/architecture.md §13: the last 5 minutes).
 pub const HISTORY: Duration = Duration::from_secs(300);
 
 /// Up or down, as the last refresh saw it.
@@ -39,7 +38,7 @@ pub struct Data {
 
 impl Data {
     pub fn worst_alert(&self) -> Option<&Alert> {
-        // The first of the worst: alerts are in seed §28.3 order.
+        // The first of the worst: alerts are in docs/architecture.md §11.2 order.
         self.alerts
             .iter()
             .rev()

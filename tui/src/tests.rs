@@ -5,14 +5,10 @@ use crate::update::{Effect, Key, Msg, suffix, update};
 use chrono::{TimeZone, Utc};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
-use seckill_engine::alerts::{self, AlertConfig, AlertInputs, Ratio};
-use seckill_engine::backlog::{Drain, Level};
-use seckill_engine::dlq::replay::{self, Check, ReplayReport, Verdict};
-use seckill_engine::dlq::tickets::{DlqEntry, Ticket};
-use seckill_engine::ids::ActivityId;
-use seckill_engine::observe::view::{BacklogRow, PendingRow, PgView, PoolRow, ServerRow};
-use seckill_engine::status::{
-    DlqEntryStatus, FailureClass, ReplayDecision, ReplayOutcome, TicketStatus,
+use seckill_engine::{
+    ActivityId, AlertConfig, AlertInputs, BacklogRow, DlqEntry, DlqEntryStatus, Drain,
+    FailureClass, Level, PendingRow, PgView, PoolRow, Ratio, ReplayCheck as Check, ReplayDecision,
+    ReplayOutcome, ReplayReport, ServerRow, Ticket, TicketStatus, Verdict, alerts, replay,
 };
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -3,9 +3,7 @@
 //! the returned [`Effect`].
 
 use crate::state::{Confirm, ConfirmStage, Data, Drill, Focus, HISTORY, Mode, State};
-use seckill_engine::dlq::replay::{ReplayReport, Verdict};
-use seckill_engine::dlq::tickets::{DlqEntry, Ticket};
-use seckill_engine::status::ReplayDecision;
+use seckill_engine::{DlqEntry, ReplayDecision, ReplayReport, Ticket, Verdict};
 
 /// A key, already decoded from the terminal's event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,11 +3,10 @@
 use crate::cmd::mq::parse_duration;
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::activity::{self, ActivityView, NewActivity};
-use seckill_engine::config::Config;
-use seckill_engine::ids::{ActivityId, SkuId};
-use seckill_engine::reservation::ReservationStore;
-use seckill_engine::{db, redis_conn};
+use seckill_engine::{
+    ActivityId, ActivityView, Config, NewActivity, ReservationStore, SkuId, activity, db,
+    redis_conn,
+};
 use std::time::Duration;
 
 #[derive(Debug, clap::Subcommand)]

@@ -5,16 +5,11 @@
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::{Context, Result, bail};
 use rand::seq::SliceRandom;
-use seckill_engine::activity::{self, NewActivity};
-use seckill_engine::config::Config;
-use seckill_engine::facts::{self, PipelineFacts};
-use seckill_engine::http::StatsView;
-use seckill_engine::ids::{ActivityId, RequestId, SkuId};
-use seckill_engine::mq::rocket::RocketAdmin;
-use seckill_engine::mq::{Names, TopicKind};
-use seckill_engine::reservation::ReservationStore;
-use seckill_engine::runtime::ClientRuntime;
-use seckill_engine::{db, redis_conn};
+use seckill_engine::{
+    ActivityId, ClientRuntime, Config, Names, NewActivity, PipelineFacts, RequestId,
+    ReservationStore, RocketAdmin, SkuId, StatsView, TopicKind, activity, db, facts, order,
+    redis_conn,
+};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -103,7 +98,7 @@ struct Summary {
     lifecycle: Option<LifecycleSummary>,
 }
 
-/// Payment and cancellation after the orders (DESIGN.md §8).
+/// Payment and cancellation after the orders (docs/architecture.md §8).
 #[derive(Debug, Default, Serialize)]
 struct LifecycleSummary {
     pay_attempted: u64,
@@ -485,7 +480,7 @@ async fn pay_and_settle(
     http: &reqwest::Client,
     share: f64,
 ) -> Result<LifecycleSummary> {
-    let mut orders = seckill_engine::order::unpaid_ids(pool, args.activity).await?;
+    let mut orders = order::unpaid_ids(pool, args.activity).await?;
     orders.shuffle(&mut rand::rng());
     orders.truncate((orders.len() as f64 * share).round() as usize);
     eprintln!("[bench] paying {} orders", orders.len());

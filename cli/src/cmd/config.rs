@@ -2,7 +2,7 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::config::{Config, MqConfig, PgConfig};
+use seckill_engine::{Config, MqConfig, PgConfig};
 use serde::Serialize;
 
 #[derive(Debug, clap::Args)]

@@ -2,8 +2,7 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::config::Config;
-use seckill_engine::db::{self, MigrationRow};
+use seckill_engine::{Config, MigrationRow, db};
 use serde::Serialize;
 
 #[derive(Debug, clap::Subcommand)]

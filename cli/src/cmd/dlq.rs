@@ -1,20 +1,16 @@
 //! `seckillctl dlq list|show|ticket`: the dead messages the governor
-//! mirrored and the tickets that own them (DESIGN.md §9).
+//! mirrored and the tickets that own them (docs/architecture.md §9).
 
 use crate::exit::{Exit, UsageError};
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use chrono::Utc;
-use seckill_engine::config::Config;
-use seckill_engine::db;
-use seckill_engine::dlq::replay::{
-    self, BulkReport, BulkRequest, Check, ReplayError, ReplayReport, ReplayRequest,
+use seckill_engine::{
+    ApplyError, BulkReport, BulkRequest, ClientRuntime, Config, DlqEntry, DlqEntryStatus,
+    EntryDetail, Names, ReplayCheck as Check, ReplayDecision, ReplayError, ReplayOutcome,
+    ReplayReport, ReplayRequest, RocketProducer, Ticket, TicketAction, TicketStatus, db, replay,
+    tickets,
 };
-use seckill_engine::dlq::tickets::{self, ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction};
-use seckill_engine::mq::Names;
-use seckill_engine::mq::rocket::RocketProducer;
-use seckill_engine::runtime::ClientRuntime;
-use seckill_engine::status::{DlqEntryStatus, ReplayDecision, ReplayOutcome, TicketStatus};
 use serde::Serialize;
 use std::sync::Arc;
 

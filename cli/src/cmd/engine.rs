@@ -2,8 +2,7 @@
 //! handlers (STYLE.md, Async); the engine gets a shutdown future.
 
 use anyhow::{Context, Result};
-use seckill_engine::config::Config;
-use seckill_engine::runtime::ClientRuntime;
+use seckill_engine::{ClientRuntime, Config};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -46,7 +45,7 @@ pub async fn run(cmd: EngineCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result
                 .await
                 .with_context(|| format!("cannot listen on {listen}; is another engine running there? (pick one with --listen)"))?;
             eprintln!("engine listening on http://{}", listener.local_addr()?);
-            seckill_engine::daemon::run(cfg.clone(), rt, listener, shutdown_signal()).await?;
+            seckill_engine::run_daemon(cfg.clone(), rt, listener, shutdown_signal()).await?;
             eprintln!("engine stopped cleanly");
             Ok(())
         }

@@ -1,15 +1,14 @@
-//! `seckillctl health`: every component, probed for real, and every seed
-//! §28.3 alert with its value, state and runbook. The exit code is the
+//! `seckillctl health`: every component, probed for real, and every docs/architecture.md
+//! §11.2 alert with its value, state and runbook. The exit code is the
 //! worst state: 0 OK, 1 WARN, 2 CRITICAL, 3 unreachable.
 
 use crate::exit::Exit;
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::alerts::{self, Alert, AlertState};
-use seckill_engine::config::Config;
-use seckill_engine::health::{self, ComponentHealth, HealthState};
-use seckill_engine::observe::{Observer, view};
-use seckill_engine::runtime::ClientRuntime;
+use seckill_engine::{
+    Alert, AlertState, ClientRuntime, ComponentHealth, Config, HealthState, Observer, alerts,
+    health, view,
+};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,7 +63,12 @@ impl Tabular for HealthOutput {
     fn footer(&self) -> Vec<String> {
         let mut lines = Vec::new();
         if !self.alerts.is_empty() {
-            let mut t = new_table(["ALERT (seed §28.3)", "VALUE", "WARN / CRITICAL", "STATE"]);
+            let mut t = new_table([
+                "ALERT (docs/architecture.md §11.2)",
+                "VALUE",
+                "WARN / CRITICAL",
+                "STATE",
+            ]);
             for a in &self.alerts {
                 t.add_row([
                     a.metric.to_owned(),

@@ -2,17 +2,14 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::{Context, Result, bail};
-use seckill_engine::config::Config;
-use seckill_engine::mq::rocket::RocketAdmin;
-use seckill_engine::mq::{Names, TopicKind};
-use seckill_engine::runtime::ClientRuntime;
+use seckill_engine::{ClientRuntime, Config, Names, RocketAdmin, TopicKind};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum MqCmd {
-    /// Create or update the topics (DESIGN §3 queue counts) and consumer groups; idempotent
+    /// Create or update the topics (docs/architecture.md §3 queue counts) and consumer groups; idempotent
     Setup {
         /// Keep retrying this long while the broker registers with the NameServer
         #[arg(long, value_parser = parse_duration, default_value = "0s")]
@@ -84,7 +81,7 @@ async fn setup(admin: &RocketAdmin, cfg: &Config, wait: Duration) -> Result<()> 
     let names = Names::new(cfg.topic_prefix.clone());
     let deadline = Instant::now() + wait;
     loop {
-        match seckill_engine::mq::setup(admin, &names, cfg.mq.max_reconsume_times).await {
+        match seckill_engine::setup_mq(admin, &names, cfg.mq.max_reconsume_times).await {
             Ok(created) => {
                 for line in created {
                     println!("{line}");

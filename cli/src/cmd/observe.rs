@@ -1,16 +1,14 @@
-//! `seckillctl backlog`, `pending`, `pg` and `scale advise` (DESIGN.md §10):
+//! `seckillctl backlog`, `pending`, `pg` and `scale advise` (docs/architecture.md §10):
 //! read-only views over two samples a window apart, so every rate is a
-//! measured difference. The numbers come from `seckill_engine::observe`,
+//! measured difference. The numbers come from the engine's observer,
 //! the same functions the daemon and the TUI use.
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::backlog::{Drain, Level};
-use seckill_engine::config::Config;
-use seckill_engine::observe::view::{self, BacklogRow, PendingRow, PgView};
-use seckill_engine::observe::{Observer, Sample, SourceError};
-use seckill_engine::runtime::ClientRuntime;
-use seckill_engine::scale::{self, Advice, ScaleInputs};
+use seckill_engine::{
+    Advice, BacklogRow, ClientRuntime, Config, Drain, History, Level, Observer, PendingRow, PgView,
+    RATE_SPAN, Sample, ScaleInputs, SourceError, scale, view,
+};
 use serde::Serialize;
 use std::io::Write;
 use std::sync::Arc;
@@ -53,7 +51,7 @@ pub struct BacklogArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ScaleCmd {
-    /// The seed §22.2 decision, from measured lag, PostgreSQL and expiry
+    /// The docs/architecture.md §10.8 decision, from measured lag, PostgreSQL and expiry
     Advise(ScaleArgs),
 }
 
@@ -174,7 +172,7 @@ fn backlog_report(args: &BacklogArgs, prev: &Sample, cur: &Sample, o: &Observer)
 
 pub async fn backlog(args: BacklogArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
     let (mut o, mut prev, mut cur) = two_samples(cfg, rt, args.w.window).await;
-    let mut history = seckill_engine::observe::History::default();
+    let mut history = History::default();
     history.push(prev.clone());
     history.push(cur.clone());
     loop {
@@ -199,8 +197,7 @@ pub async fn backlog(args: BacklogArgs, cfg: &Config, rt: Arc<ClientRuntime>) ->
                 writeln!(
                     out,
                     "seckillctl backlog --watch  (every {:?}, rates over ≥{:?}; Ctrl-C to stop)",
-                    args.every,
-                    seckill_engine::observe::RATE_SPAN
+                    args.every, RATE_SPAN
                 )?;
                 render(&mut out, OutputFormat::Table, &report)?;
             }
@@ -459,7 +456,7 @@ impl Tabular for ScaleReport {
             ("PostgreSQL", format!("{:?}", a.pg)),
             ("near expiry", a.near_expiry.to_string()),
             (
-                "budget (seed §22.1)",
+                "budget (docs/architecture.md §10.7)",
                 format!(
                     "{} safe x {:.0}% order share = {} ; / {} instance(s) = {} per instance (now {})",
                     i.budget.safe_pg_concurrency,
@@ -471,7 +468,7 @@ impl Tabular for ScaleReport {
                 ),
             ),
             (
-                "row (seed §22.2)",
+                "row (docs/architecture.md §10.8)",
                 if a.row == 0 {
                     "none".into()
                 } else {

@@ -1,5 +1,5 @@
 //! `seckillctl order pay|cancel|show`: the payment and cancel levers of
-//! DESIGN.md §8, straight against PostgreSQL (the same conditional updates
+//! docs/architecture.md §8, straight against PostgreSQL (the same conditional updates
 //! the daemon runs), so a race can be reproduced and an order settled by
 //! hand. The events and the Redis release they queue are published by a
 //! running engine's outbox publisher.
@@ -7,11 +7,9 @@
 use crate::exit::{Exit, UsageError};
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::config::Config;
-use seckill_engine::db;
-use seckill_engine::ids::OrderId;
-use seckill_engine::mq::Names;
-use seckill_engine::order::{self, CancelMode, CancelOutcome, OrderRow, PayOutcome};
+use seckill_engine::{
+    CancelMode, CancelOutcome, Config, Names, OrderId, OrderRow, PayOutcome, db, order,
+};
 use serde::Serialize;
 
 #[derive(Debug, clap::Subcommand)]

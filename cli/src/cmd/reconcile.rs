@@ -1,14 +1,13 @@
 //! `seckillctl reconcile --activity A`: one verdict row per invariant of
-//! DESIGN.md §12; exits non-zero on a violation.
+//! docs/architecture.md §12; exits non-zero on a violation.
 
 use crate::exit::Exit;
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::config::Config;
-use seckill_engine::ids::ActivityId;
-use seckill_engine::reconcile::{self, Report, Verdict};
-use seckill_engine::reservation::ReservationStore;
-use seckill_engine::{db, redis_conn};
+use seckill_engine::{
+    ActivityId, Config, ReconcileReport as Report, ReconcileVerdict as Verdict, ReservationStore,
+    db, reconcile, redis_conn,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct ReconcileArgs {

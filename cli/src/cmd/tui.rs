@@ -1,8 +1,7 @@
 //! `seckillctl tui`: the live on-call screen (seckill-tui).
 
 use anyhow::Result;
-use seckill_engine::config::Config;
-use seckill_engine::runtime::ClientRuntime;
+use seckill_engine::{ClientRuntime, Config};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The governor's mirror pass (DESIGN.md §9.1).
+//! The governor's mirror pass (docs/architecture.md §9.1).
 //!
 //! Per DLQ queue the mirror keeps `next_offset` in `dlq_mirror_offsets`,
 //! written in the same transaction as the rows it mirrored, so a crash
@@ -6,10 +6,10 @@
 //! message again (it died again after a replay) updates its row.
 
 use super::new_ticket_id;
+use crate::domain::clock::at_ms;
+use crate::domain::status::FailureClass;
 use crate::mq::rocket::{MqError, RocketAdmin};
 use crate::mq::{IncomingMessage, Names, TopicKind, topics};
-use crate::publish::at_ms;
-use crate::status::FailureClass;
 use sqlx::{PgPool, Postgres, Transaction};
 
 /// Messages read per pull.

@@ -1,4 +1,4 @@
-//! The DLQ closed loop (DESIGN.md §9, seed §17, §25): discover and own.
+//! The DLQ closed loop (docs/architecture.md §9, §9.3): discover and own.
 //!
 //! - [`mirror`]: the governor's pass. Every message of `%DLQ%<group>` of
 //!   each seckill consumer group is copied into `dlq_messages` (original
@@ -8,7 +8,6 @@
 //! - [`tickets`]: the ticket lifecycle OPEN → ACKED → FIXED → REPLAYING →
 //!   VERIFIED → CLOSED as a pure transition table, and the reads the CLI
 //!   shows.
-//!
 //! - [`replay`]: guarded replay with the original `message_id`, pre-checks,
 //!   audit and verification.
 
@@ -17,8 +16,7 @@ pub mod replay;
 pub mod tickets;
 pub mod webhook;
 
-pub use mirror::{MirrorReport, mirror_once};
-pub use tickets::{ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction, TicketError};
+pub use mirror::mirror_once;
 
 /// A fresh ticket id, `tkt_<ULID>`.
 pub fn new_ticket_id() -> String {

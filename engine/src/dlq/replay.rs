@@ -1,4 +1,4 @@
-//! Guarded replay of one dead message (DESIGN.md §9.3–9.5, seed §25).
+//! Guarded replay of one dead message (docs/architecture.md §9.3–9.5, §9.3).
 //!
 //! A replay re-sends the *original* body to the *original* topic with the
 //! *original* `message_id`, plus `replay_id` and `replay_count + 1`. It
@@ -8,12 +8,12 @@
 //! block; [`decide`] sends only when nothing blocks. Every attempt, dry runs
 //! and refusals included, writes one `replay_audit` row.
 
-use crate::message::{parse_cancel, parse_order_create, parse_order_event, parse_release};
+use crate::domain::message::{parse_cancel, parse_order_create, parse_order_event, parse_release};
+use crate::domain::status::{DlqEntryStatus, ReplayDecision, ReplayOutcome};
 use crate::mq::{
     Names, OutgoingMessage, PROP_MESSAGE_ID, PROP_REPLAY_COUNT, PROP_REPLAY_ID, PROP_TRACEPARENT,
     Producer, SendOutcome, TopicKind,
 };
-use crate::status::{DlqEntryStatus, ReplayDecision, ReplayOutcome};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -21,7 +21,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-/// One pre-check of DESIGN.md §9.3.
+/// One pre-check of docs/architecture.md §9.3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Check {
@@ -581,7 +581,7 @@ async fn finish(pool: &PgPool, p: &mut Prepared) -> Result<(), sqlx::Error> {
     audit_close(pool, &p.report).await
 }
 
-/// A bulk replay of one ticket (DESIGN.md §9.3, `--ticket`).
+/// A bulk replay of one ticket (docs/architecture.md §9.3, `--ticket`).
 #[derive(Debug, Clone)]
 pub struct BulkRequest {
     pub ticket: String,
@@ -657,14 +657,14 @@ pub async fn replay_ticket<P: Producer>(
     if !(req.rate_per_s > 0.0 && req.rate_per_s.is_finite()) {
         return Err(ReplayError::BadRate(req.rate_per_s));
     }
-    let status: Option<crate::status::TicketStatus> =
+    let status: Option<crate::domain::status::TicketStatus> =
         sqlx::query_scalar("SELECT status FROM dlq_tickets WHERE ticket_id = $1")
             .bind(&req.ticket)
             .fetch_optional(pool)
             .await?;
     match status {
         None => return Err(ReplayError::UnknownTicket(req.ticket.clone())),
-        Some(crate::status::TicketStatus::Closed) => {
+        Some(crate::domain::status::TicketStatus::Closed) => {
             return Err(ReplayError::ClosedTicket(req.ticket.clone()));
         }
         Some(_) => {}
@@ -779,7 +779,7 @@ async fn set_ticket(pool: &PgPool, ticket: &str, status: &str) -> Result<(), sql
 }
 
 /// Waits for the consumer's verdict (an inbox row past PROCESSING), then
-/// checks the per-reservation invariants (DESIGN.md §12).
+/// checks the per-reservation invariants (docs/architecture.md §12).
 async fn verify(
     pool: &PgPool,
     group: &str,

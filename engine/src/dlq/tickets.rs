@@ -1,7 +1,7 @@
-//! DLQ tickets and entries (DESIGN.md §9.2): the lifecycle as a pure
+//! DLQ tickets and entries (docs/architecture.md §9.2): the lifecycle as a pure
 //! transition table, and the reads `seckillctl dlq` shows.
 
-use crate::status::{DlqEntryStatus, FailureClass, TicketStatus};
+use crate::domain::status::{DlqEntryStatus, FailureClass, TicketStatus};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;

@@ -1,4 +1,4 @@
-//! Opens each new DLQ ticket in an external tracker (DESIGN.md §9.2): one
+//! Opens each new DLQ ticket in an external tracker (docs/architecture.md §9.2): one
 //! JSON POST per ticket to a configured URL, retried, with the `ticket_id`
 //! as the `Idempotency-Key`, so a tracker that saw the first attempt can
 //! drop a repeat. The result is kept in `dlq_tickets.webhook_status`.

@@ -1,4 +1,4 @@
-//! The send-outcome classifier (DESIGN.md §6): a pure function over the
+//! The send-outcome classifier (docs/architecture.md §6): a pure function over the
 //! client's error. It decides whether a reservation may be compensated, so
 //! the bias is fixed: anything that might have been stored is UNKNOWN, and
 //! UNKNOWN never compensates; it stays pending and is re-sent with the same

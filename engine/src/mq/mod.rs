@@ -1,4 +1,4 @@
-//! The message-queue boundary (seed §12, §15): small traits the pipeline
+//! The message-queue boundary (docs/architecture.md §6.2, §7): small traits the pipeline
 //! codes against, plain message types, and the rocketmq-rust implementation
 //! behind them in [`rocket`].
 //!
@@ -11,7 +11,7 @@ pub mod classify;
 pub mod rocket;
 pub mod topics;
 
-pub use classify::{DefiniteCause, FailureKind, UnknownCause};
+pub use classify::{DefiniteCause, UnknownCause};
 pub use topics::{Names, TopicKind, TopicType};
 
 use serde::Serialize;
@@ -19,12 +19,12 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-/// The user property that carries the business message id (DESIGN.md §3).
+/// The user property that carries the business message id (docs/architecture.md §3).
 pub const PROP_MESSAGE_ID: &str = "message_id";
-/// Set on operator replays (DESIGN.md §9.4).
+/// Set on operator replays (docs/architecture.md §9.4).
 pub const PROP_REPLAY_ID: &str = "replay_id";
 pub const PROP_REPLAY_COUNT: &str = "replay_count";
-/// W3C trace context carried in the message (DESIGN.md §11).
+/// W3C trace context carried in the message (docs/architecture.md §11).
 pub const PROP_TRACEPARENT: &str = "traceparent";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub struct SendReceipt {
     pub queue_offset: u64,
 }
 
-/// The outcome of one bounded send (DESIGN.md §6). Every message of a batch
+/// The outcome of one bounded send (docs/architecture.md §6). Every message of a batch
 /// takes the batch's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "SCREAMING_SNAKE_CASE")]
@@ -95,7 +95,7 @@ pub struct IncomingMessage {
     pub broker_msg_id: String,
     pub queue_id: i32,
     pub queue_offset: i64,
-    /// 0 on first delivery (DESIGN.md §3, `delivery_attempt`).
+    /// 0 on first delivery (docs/architecture.md §3, `delivery_attempt`).
     pub reconsume_times: i32,
     pub store_timestamp_ms: i64,
     pub born_timestamp_ms: i64,
@@ -197,7 +197,7 @@ pub struct TopicSpec {
     pub topic_type: TopicType,
 }
 
-/// Consumer lag of one group on one topic (DESIGN.md §10).
+/// Consumer lag of one group on one topic (docs/architecture.md §10).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Lag {
     /// Σ (broker offset − consumer offset) over the queues.
@@ -226,7 +226,7 @@ pub struct BrokerInfo {
     pub addr: String,
 }
 
-/// Creates or updates every topic of DESIGN.md §3 (with its queue count and
+/// Creates or updates every topic of docs/architecture.md §3 (with its queue count and
 /// type) and every consumer group (with `retryMaxTimes`), then waits until
 /// the NameServer routes each topic, so a producer can send at once.
 /// Idempotent: a second run changes nothing.

@@ -331,7 +331,7 @@ impl RocketConsumer {
         handler: Arc<H>,
     ) -> Result<Self, MqError> {
         // The broker learns consumed offsets on this period; every lag and
-        // consume-rate figure (DESIGN.md §10) is at most this stale. The
+        // consume-rate figure (docs/architecture.md §10) is at most this stale. The
         // client's default is 5 s; 1 s is its minimum.
         let mut client = rocketmq_client_rust::ClientConfig::default();
         client.set_persist_consumer_offset_interval(1_000);
@@ -569,7 +569,7 @@ impl RocketAdmin {
         }
     }
 
-    /// Lag of `group` on `topic` (DESIGN.md §10).
+    /// Lag of `group` on `topic` (docs/architecture.md §10).
     pub async fn lag(&self, topic: &str, group: &str) -> Result<Lag, MqError> {
         let d = self.lag_detail(topic, group, 1, usize::MAX).await?;
         Ok(Lag {
@@ -655,7 +655,7 @@ impl RocketAdmin {
     }
 
     /// The broker's uptime in seconds, when its runtime stats report a
-    /// boot time (seed §22.2 "broker just recovered").
+    /// boot time (docs/architecture.md §10.8 "broker just recovered").
     pub async fn broker_uptime_s(&self, addr: &str) -> Result<Option<f64>, MqError> {
         let kv = self.runtime_stats(addr).await?;
         let now_ms = std::time::SystemTime::now()

@@ -1,4 +1,4 @@
-//! Topic and consumer-group names of DESIGN.md §3, under a configurable prefix.
+//! Topic and consumer-group names of docs/architecture.md §3, under a configurable prefix.
 
 use serde::Serialize;
 
@@ -35,7 +35,7 @@ impl TopicKind {
         }
     }
 
-    /// The consuming group: exactly one per topic here (DESIGN.md §3).
+    /// The consuming group: exactly one per topic here (docs/architecture.md §3).
     pub fn group_base_name(self) -> &'static str {
         match self {
             TopicKind::OrderCreate => "CG_SECKILL_ORDER_CREATE_PG_V1",
@@ -45,7 +45,7 @@ impl TopicKind {
         }
     }
 
-    /// The seed's starting queue counts (seed §7.3): 64, 32, 32 and 64.
+    /// The starting queue counts (docs/architecture.md §3.1): 64, 32, 32 and 64.
     pub fn queues(self) -> u32 {
         match self {
             TopicKind::OrderCreate => 64,

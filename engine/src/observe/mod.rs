@@ -1,4 +1,4 @@
-//! What on-call looks at (DESIGN.md §10–11): one [`Sample`] of every
+//! What on-call looks at (docs/architecture.md §10–11): one [`Sample`] of every
 //! source (consumer lag per group, Redis pending, PostgreSQL server
 //! activity, the DLQ, and a running engine's own counters), taken by an
 //! [`Observer`]. The [`view`] functions turn one or two samples into the
@@ -8,17 +8,19 @@
 //! A source that cannot be read becomes an entry in [`Sample::errors`],
 //! never a failed sample: a down component must not blank the whole screen.
 
+pub mod health;
 pub mod view;
 
 use crate::config::Config;
-use crate::http::StatsView;
-use crate::ids::ActivityId;
-use crate::message::parse_order_create;
+use crate::domain::clock::now_ms;
+use crate::domain::ids::ActivityId;
+use crate::domain::message::parse_order_create;
+use crate::domain::stats::StatsView;
 use crate::mq::rocket::RocketAdmin;
 use crate::mq::{Names, TopicKind};
 use crate::reservation::ReservationStore;
 use crate::runtime::ClientRuntime;
-use crate::{db, redis_conn};
+use crate::store::{db, redis as redis_conn};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
@@ -172,10 +174,6 @@ pub struct Observer {
     /// The broker's uptime as last read, and when: its runtime stats are
     /// not cheap for the broker, and a boot time changes only on restart.
     uptime: Option<(std::time::Instant, Option<f64>)>,
-}
-
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }
 
 impl Observer {

@@ -2,12 +2,12 @@
 //! between consecutive samples, so every view is testable with literals.
 
 use super::{GroupSample, Sample};
-use crate::alerts::{AlertInputs, Ratio};
-use crate::backlog::{self, Drain, Level};
 use crate::config::Config;
-use crate::ids::ActivityId;
+use crate::decide::alerts::{AlertInputs, Ratio};
+use crate::decide::backlog::{self, Drain, Level};
+use crate::decide::scale::{BudgetInputs, ScaleInputs};
+use crate::domain::ids::ActivityId;
 use crate::mq::{Names, TopicKind};
-use crate::scale::{BudgetInputs, ScaleInputs};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -33,7 +33,7 @@ pub struct BacklogRow {
     pub inflight: Option<i64>,
     pub consume_per_s: Option<f64>,
     pub produce_per_s: Option<f64>,
-    /// Seed §20.2; unknown until two samples give rates.
+    /// docs/architecture.md §10.2; unknown until two samples give rates.
     pub drain: Option<Drain>,
     pub seconds_to_oldest_expiry: Option<f64>,
     pub verdict: Level,
@@ -223,14 +223,15 @@ pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
             .fold(0.0, f64::max)
     });
     let engine_before = prev.and_then(|p| p.engine.as_ref());
-    let sends = |e: &crate::http::StatsView| {
+    let sends = |e: &crate::domain::stats::StatsView| {
         (
             e.publish_unknown,
             e.publish_confirmed + e.publish_unknown + e.publish_definite_failure,
         )
     };
-    let acks =
-        |e: &crate::http::StatsView| (e.consume.retried, e.consume.acked + e.consume.retried);
+    let acks = |e: &crate::domain::stats::StatsView| {
+        (e.consume.retried, e.consume.acked + e.consume.retried)
+    };
     AlertInputs {
         pending_oldest_age_s: pending_age,
         consumer_lag_s: rocket_ok
@@ -254,7 +255,7 @@ pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
     }
 }
 
-/// The seed §22.2 inputs, for `scale advise` and the daemon's admission control.
+/// The docs/architecture.md §10.8 inputs, for `scale advise` and the daemon's admission control.
 pub fn scale_inputs(
     prev: Option<&Sample>,
     cur: &Sample,
@@ -351,7 +352,7 @@ mod tests {
     #[test]
     fn rates_and_drain_come_from_two_samples() {
         let n = Names::new("T_");
-        // The seed §20.1 burst, half a second in: 10,000 produced, 2,000 consumed.
+        // The docs/architecture.md §10.1 burst, half a second in: 10,000 produced, 2,000 consumed.
         let a = sample(0, vec![group(&n, 0, 0, 0.0)]);
         let b = sample(500, vec![group(&n, 10_000, 2_000, 0.5)]);
         let rows = backlog(Some(&a), &b, &n);

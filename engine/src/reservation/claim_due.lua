@@ -1,4 +1,4 @@
--- claim_due (DESIGN.md §4, §6): lease a bounded batch of due reservations.
+-- claim_due (docs/architecture.md §4, §6): lease a bounded batch of due reservations.
 -- Atomic, so two scanners never lease the same reservation; the member's score
 -- moves to the lease's end, so it comes due again if this owner dies.
 -- The hashes are found through the pending ZSET, so their keys cannot be

@@ -1,4 +1,4 @@
--- mark_send_failed (DESIGN.md §4, §6): a DEFINITE send failure. It leaves the
+-- mark_send_failed (docs/architecture.md §4, §6): a DEFINITE send failure. It leaves the
 -- scanner's ZSET, so nothing re-sends it; the stock comes back only through
 -- release, the one compensation path.
 -- KEYS: 1 rsv, 2 pending

@@ -1,4 +1,4 @@
--- mark_sent (DESIGN.md §4): a CAS on message_id and a non-final mq_status, so
+-- mark_sent (docs/architecture.md §4): a CAS on message_id and a non-final mq_status, so
 -- a late confirmation can never revive a failed or released reservation.
 -- KEYS: 1 rsv, 2 pending
 -- ARGV: 1 reservation_id, 2 message_id, 3 broker_message_id

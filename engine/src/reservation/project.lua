@@ -1,4 +1,4 @@
--- project (seed §18.3): the query view of one reservation's order. Written
+-- project (docs/architecture.md §8.7): the query view of one reservation's order. Written
 -- only by an event whose aggregate_version is newer than the one held, so a
 -- replayed or reordered stale event never overwrites a newer status.
 -- KEYS: 1 view

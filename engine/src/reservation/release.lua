@@ -1,4 +1,4 @@
--- release (DESIGN.md §4, §8): the compensation. mq_status=RELEASED is the
+-- release (docs/architecture.md §4, §8): the compensation. mq_status=RELEASED is the
 -- once-only mark checked and set in the same script, so concurrent or repeated
 -- calls give the stock back and free the buyer exactly once.
 -- KEYS: 1 rsv, 2 stock (of the hash's sku, read by the caller), 3 buyers, 4 pending

@@ -1,4 +1,4 @@
--- reschedule (DESIGN.md §4, §6): hand a lease back after an UNKNOWN send.
+-- reschedule (docs/architecture.md §4, §6): hand a lease back after an UNKNOWN send.
 -- Only the current lease holder may, so an owner whose lease expired and was
 -- taken over cannot push the new owner's reservation around.
 -- KEYS: 1 rsv, 2 pending

@@ -1,4 +1,4 @@
--- reserve (DESIGN.md §4). One script, so the stock unit, the buyer mark, the
+-- reserve (docs/architecture.md §4). One script, so the stock unit, the buyer mark, the
 -- hash, the request key and the pending entry appear together or not at all:
 -- a crash can never leave stock taken without a pending entry for the scanner.
 -- KEYS: 1 req, 2 stock, 3 buyers, 4 rsv, 5 pending

@@ -1,11 +1,11 @@
-//! [`ReservationStore`]: the Redis side of DESIGN.md §4, one method per step.
+//! [`ReservationStore`]: the Redis side of docs/architecture.md §4, one method per step.
 
 use super::{
     Keys, MqStatus, OrderView, PendingEntry, ReleaseOutcome, Reservation, ReservationError,
     ReserveOutcome, ReserveRequest, SeedOutcome, activities_key, corrupt, physical_ttl_ms,
 };
-use crate::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId};
-use crate::status::OrderStatus;
+use crate::domain::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId};
+use crate::domain::status::OrderStatus;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use std::collections::HashMap;
@@ -63,7 +63,7 @@ impl ReservationStore {
 
     /// Sets an activity's Redis stock and registers the activity for the
     /// scanner. Without `force` an existing stock is left alone: re-seeding a
-    /// running sale would break conservation (DESIGN.md §12). `SET NX GET`
+    /// running sale would break conservation (docs/architecture.md §12). `SET NX GET`
     /// needs Redis 7.
     pub async fn seed_stock(
         &self,
@@ -99,9 +99,9 @@ impl ReservationStore {
         Ok(self.conn().get(self.keys(activity).stock(sku)).await?)
     }
 
-    /// The reserve script (DESIGN.md §4). `first_retry_at_ms` is when the
+    /// The reserve script (docs/architecture.md §4). `first_retry_at_ms` is when the
     /// scanner first looks at it, should the in-process send never confirm
-    /// (the process died right after reserving: DESIGN.md §1, window 1).
+    /// (the process died right after reserving: docs/architecture.md §1, window 1).
     pub async fn reserve(
         &self,
         req: &ReserveRequest,
@@ -199,7 +199,7 @@ impl ReservationStore {
         Ok(applied == 1)
     }
 
-    /// [`Self::mark_sent`] for a whole confirmed batch (DESIGN.md §6), in one
+    /// [`Self::mark_sent`] for a whole confirmed batch (docs/architecture.md §6), in one
     /// round trip; the batch may mix activities. One result per item, in order.
     pub async fn mark_sent_many(
         &self,
@@ -321,7 +321,7 @@ impl ReservationStore {
         Ok(applied == 1)
     }
 
-    /// The compensation (DESIGN.md §4, §8): gives the stock and the buyer slot
+    /// The compensation (docs/architecture.md §4, §8): gives the stock and the buyer slot
     /// back exactly once, however often or concurrently it is called.
     pub async fn release(
         &self,
@@ -358,7 +358,7 @@ impl ReservationStore {
     }
 
     /// Writes an order event into the query view, unless the view already
-    /// holds this `aggregate_version` or a newer one (seed §18.3). True when
+    /// holds this `aggregate_version` or a newer one (docs/architecture.md §8.7). True when
     /// it was written.
     pub async fn project_order(
         &self,
@@ -486,7 +486,7 @@ impl ReservationStore {
     }
 
     /// Reservations still holding a unit of stock: those not RELEASED, i.e.
-    /// the buyers set. Redis conservation (DESIGN.md §12) is
+    /// the buyers set. Redis conservation (docs/architecture.md §12) is
     /// `sum of stock + live_reservations = initial stock`, once quiet.
     pub async fn live_reservations(&self, activity: ActivityId) -> Result<u64> {
         Ok(self.conn().scard(self.keys(activity).buyers()).await?)

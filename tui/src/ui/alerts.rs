@@ -1,4 +1,4 @@
-//! The alerts strip: every firing seed §28.3 alert with its runbook.
+//! The alerts strip: every firing docs/architecture.md §11.2 alert with its runbook.
 
 use super::alert_style;
 use crate::state::State;
@@ -7,6 +7,7 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
+use seckill_engine::AlertState;
 
 pub fn render(s: &State, f: &mut Frame, area: Rect) {
     let block = super::panel("alerts", false);
@@ -32,7 +33,7 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
         .data
         .iter()
         .flat_map(|d| &d.alerts)
-        .filter(|a| a.state == seckill_engine::alerts::AlertState::NoData)
+        .filter(|a| a.state == AlertState::NoData)
         .map(|a| a.metric)
         .collect();
     if !blind.is_empty() {
@@ -44,7 +45,7 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
     if lines.is_empty() {
         lines.push(Line::from(Span::styled(
             if s.data.is_some() {
-                "all seed §28.3 alerts OK"
+                "all docs/architecture.md §11.2 alerts OK"
             } else {
                 "waiting for the first refresh"
             },

@@ -7,7 +7,7 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::widgets::{Cell, Row, Table, TableState};
-use seckill_engine::backlog::Drain;
+use seckill_engine::Drain;
 
 pub fn render(s: &State, f: &mut Frame, area: Rect) {
     let rows: Vec<Row> = s

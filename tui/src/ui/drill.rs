@@ -7,7 +7,7 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
-use seckill_engine::dlq::replay::Level;
+use seckill_engine::CheckLevel as Level;
 
 pub fn render(s: &State, f: &mut Frame, area: Rect) {
     let Some(d) = &s.drill else { return };

@@ -15,8 +15,7 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph};
-use seckill_engine::alerts::AlertState;
-use seckill_engine::backlog::Level;
+use seckill_engine::{AlertState, Level};
 
 pub fn render(s: &State, f: &mut Frame) {
     // Every firing alert gets its line (up to all eight), plus the NO DATA line.

@@ -1,0 +1,54 @@
+//! The bodies of the daemon's HTTP API (docs/architecture.md §13), public so
+//! the CLI, the bench and the tests read and write the same types the
+//! handlers do.
+
+use crate::domain::ids::{MessageId, OrderId, ReservationId};
+use crate::pipeline::order::OrderRow;
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/activities/{a}/skus/{s}/reservations`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReserveBody {
+    pub user_id: i64,
+    pub request_id: String,
+}
+
+/// `202 QUEUED`: the reservation and the ids it will carry to the end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Queued {
+    pub status: String,
+    pub reservation_id: ReservationId,
+    pub order_id: OrderId,
+    pub message_id: MessageId,
+}
+
+/// Every 4xx and 5xx: a stable code and a reason for people.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
+    pub reason: String,
+}
+
+/// `GET /v1/reservations/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusView {
+    pub reservation_id: ReservationId,
+    pub status: String,
+}
+
+/// `POST /v1/orders/{id}/pay`.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayBody {
+    /// The payment provider's id; generated when absent.
+    pub payment_id: Option<String>,
+}
+
+/// The pay answer: which side won (docs/architecture.md §8), and the order
+/// as it stands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PayView {
+    pub outcome: String,
+    pub order: Option<OrderRow>,
+}

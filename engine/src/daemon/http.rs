@@ -1,0 +1,274 @@
+//! The daemon's HTTP surface (docs/architecture.md §13): reservation ingress, status
+//! query, liveness, readiness and stats. Handlers validate everything before
+//! touching Redis: a malformed request gets a 4xx with a reason and writes
+//! nothing.
+
+use crate::daemon::api::{ApiError, PayBody, PayView, Queued, ReserveBody, StatusView};
+use crate::daemon::governor::{Governor, SIGNAL_WINDOW};
+use crate::domain::ids::{ActivityId, OrderId, RequestId, ReservationId, SkuId, UserId};
+use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats, StatsView};
+use crate::mq::Names;
+use crate::pipeline::ingress::{Ingress, Refusal, ReserveCall};
+use crate::pipeline::order::{self, PayOutcome};
+use crate::reservation::ReservationStore;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub ingress: Ingress,
+    pub store: ReservationStore,
+    pub pool: PgPool,
+    pub stats: Arc<PublishStats>,
+    pub lifecycle: Arc<LifecycleStats>,
+    pub consume: Arc<ConsumeStats>,
+    pub governor: Arc<Governor>,
+    pub names: Names,
+    /// Set once every component has started; cleared on shutdown.
+    pub ready: Arc<AtomicBool>,
+    /// The order consumer pulls (or stopped waiting to; see `daemon`).
+    pub consuming: Arc<AtomicBool>,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/v1/activities/{activity}/skus/{sku}/reservations",
+            post(reserve),
+        )
+        .route("/v1/reservations/{id}", get(reservation_status))
+        .route("/v1/orders/{id}", get(order_show))
+        .route("/v1/orders/{id}/pay", post(order_pay))
+        .route("/v1/stats", get(stats))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+fn reject(status: StatusCode, error: &str, reason: impl Into<String>) -> Response {
+    (
+        status,
+        Json(ApiError {
+            error: error.to_owned(),
+            reason: reason.into(),
+        }),
+    )
+        .into_response()
+}
+
+/// Parses and validates the request, then hands it to [`Ingress`]; every
+/// refusal maps to one status code. Nothing is written before the request
+/// is known to be well formed.
+async fn reserve(
+    State(state): State<AppState>,
+    Path((activity, sku)): Path<(String, String)>,
+    body: Result<Json<ReserveBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Ok(activity) = activity.parse::<ActivityId>() else {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_ACTIVITY_ID",
+            "activity id must be a positive integer",
+        );
+    };
+    let Ok(sku) = sku.parse::<SkuId>() else {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_SKU_ID",
+            "sku id must be a positive integer",
+        );
+    };
+    let body = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_BODY", e.body_text()),
+    };
+    if body.user_id <= 0 {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_USER_ID",
+            "user_id must be a positive integer",
+        );
+    }
+    let request_id = match RequestId::parse(&body.request_id) {
+        Ok(r) => r,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_REQUEST_ID", e.to_string()),
+    };
+    // Admission control (docs/architecture.md §10.8, last row): refuse rather than accept
+    // a reservation that would expire in the backlog.
+    if let Some(why) = state.governor.closed() {
+        state.governor.refused.add(1);
+        return reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ADMISSION_CLOSED",
+            format!("new reservations are paused: {why}"),
+        );
+    }
+    let call = ReserveCall {
+        activity,
+        sku,
+        user: UserId(body.user_id),
+        request_id,
+    };
+    match state.ingress.reserve(call).await {
+        Ok(r) => (
+            StatusCode::ACCEPTED,
+            Json(Queued {
+                status: "QUEUED".to_owned(),
+                reservation_id: r.reservation_id,
+                order_id: r.order_id,
+                message_id: r.message_id,
+            }),
+        )
+            .into_response(),
+        Err(refusal) => {
+            let status = match &refusal {
+                Refusal::UnknownActivity(_) | Refusal::UnknownSku { .. } => StatusCode::NOT_FOUND,
+                Refusal::DatabaseUnavailable(_) | Refusal::RedisUnavailable(_) => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                Refusal::BadActivityConfig(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                Refusal::RequestIdConflict | Refusal::SoldOut | Refusal::DuplicateUser => {
+                    StatusCode::CONFLICT
+                }
+            };
+            reject(status, refusal.code(), refusal.to_string())
+        }
+    }
+}
+
+async fn reservation_status(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let id = match ReservationId::parse(&id) {
+        Ok(id) => id,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_RESERVATION_ID", e.to_string()),
+    };
+    match crate::ops::reservation_status::lookup(&state.pool, &state.store, &id).await {
+        Ok(Some(status)) => Json(StatusView {
+            reservation_id: id,
+            status,
+        })
+        .into_response(),
+        Ok(None) => reject(
+            StatusCode::NOT_FOUND,
+            "UNKNOWN_RESERVATION",
+            format!("no reservation {id}"),
+        ),
+        Err(e) => reject(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", e),
+    }
+}
+
+async fn order_pay(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Option<Json<PayBody>>,
+) -> Response {
+    let id = match OrderId::parse(&id) {
+        Ok(id) => id,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
+    };
+    let payment_id = body
+        .and_then(|Json(b)| b.payment_id)
+        .unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));
+    if let Err(why) = order::check_payment_id(&payment_id) {
+        return reject(StatusCode::BAD_REQUEST, "BAD_PAYMENT_ID", why);
+    }
+    match order::pay(&state.pool, &state.names, &id, &payment_id).await {
+        Ok(out) => {
+            let status = match &out {
+                PayOutcome::Paid { .. } | PayOutcome::AlreadyPaid { .. } => StatusCode::OK,
+                PayOutcome::Canceled { .. } | PayOutcome::WindowClosed { .. } => {
+                    StatusCode::CONFLICT
+                }
+                PayOutcome::UnknownOrder => StatusCode::NOT_FOUND,
+            };
+            (
+                status,
+                Json(PayView {
+                    outcome: out.label().to_owned(),
+                    order: out.order().cloned(),
+                }),
+            )
+                .into_response()
+        }
+        Err(e) => reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            e.to_string(),
+        ),
+    }
+}
+
+async fn order_show(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let id = match OrderId::parse(&id) {
+        Ok(id) => id,
+        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
+    };
+    match order::get(&state.pool, &id).await {
+        Ok(Some(o)) => Json(o).into_response(),
+        Ok(None) => reject(
+            StatusCode::NOT_FOUND,
+            "UNKNOWN_ORDER",
+            format!("no order {id}"),
+        ),
+        Err(e) => reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            e.to_string(),
+        ),
+    }
+}
+
+impl AppState {
+    pub fn stats_view(&self) -> StatsView {
+        StatsView::of(
+            &self.stats,
+            &self.lifecycle,
+            &self.consume,
+            SIGNAL_WINDOW,
+            crate::store::db::pool_view(&self.pool),
+            self.governor.view(),
+        )
+    }
+}
+
+async fn stats(State(state): State<AppState>) -> Json<StatsView> {
+    Json(state.stats_view())
+}
+
+/// Prometheus text format (docs/architecture.md §11.1 names).
+async fn metrics(State(state): State<AppState>) -> Response {
+    let body = crate::daemon::metrics::render(&crate::daemon::metrics::MetricsInput {
+        topic: state.names.topic(crate::mq::TopicKind::OrderCreate),
+        stats: &state.stats_view(),
+        publish_latency: &state.stats.send_latency,
+        tick: state.governor.last().as_deref(),
+    });
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if !state.ready.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: shutting down").into_response()
+    } else if !state.consuming.load(Ordering::Acquire) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the order consumer has no queues yet",
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "ready").into_response()
+    }
+}

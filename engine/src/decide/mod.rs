@@ -1,0 +1,8 @@
+//! Pure decisions over numbers the observers measured: backlog verdicts,
+//! scale advice, alert rules and admission. No I/O, unit-tested on the
+//! worked examples of docs/architecture.md §10, §11.
+
+pub mod admission;
+pub mod alerts;
+pub mod backlog;
+pub mod scale;

@@ -1,0 +1,8 @@
+//! The vocabulary every layer shares, with no I/O: identifier newtypes,
+//! status enums, message bodies, in-process counters and the clock.
+
+pub mod clock;
+pub mod ids;
+pub mod message;
+pub mod stats;
+pub mod status;

@@ -1,0 +1,471 @@
+//! In-process counters and latency samples for the pipeline: what the bench
+//! summary, `/v1/stats` and (later) `/metrics` read. Bounded: a latency
+//! recorder keeps at most a fixed number of recent samples.
+
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A bounded window of recent latency samples, in microseconds, plus the
+/// all-time count and sum a Prometheus summary needs.
+#[derive(Debug)]
+pub struct Latencies {
+    cap: usize,
+    samples: Mutex<VecDeque<(Instant, u64)>>,
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    #[serde(default)]
+    pub p95_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latencies {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            samples: Mutex::new(VecDeque::with_capacity(cap.min(4096))),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
+    pub fn record(&self, d: Duration) {
+        let us = d.as_micros() as u64;
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+        let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if s.len() == self.cap {
+            s.pop_front();
+        }
+        s.push_back((Instant::now(), us));
+    }
+
+    /// Samples recorded since start (not only those still in the window).
+    pub fn total_count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Sum of every sample since start, in seconds.
+    pub fn total_seconds(&self) -> f64 {
+        self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
+    }
+
+    pub fn percentiles(&self) -> Percentiles {
+        let mut v: Vec<u64> = self
+            .samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(_, us)| *us)
+            .collect();
+        percentiles_of(&mut v)
+    }
+
+    /// Percentiles of the samples recorded within `window`: what an alert
+    /// reads, so a burst an hour ago does not keep it firing.
+    pub fn recent(&self, window: Duration) -> Percentiles {
+        let since = Instant::now().checked_sub(window);
+        let mut v: Vec<u64> = self
+            .samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(at, _)| since.is_none_or(|s| *at >= s))
+            .map(|(_, us)| *us)
+            .collect();
+        percentiles_of(&mut v)
+    }
+}
+
+/// Nearest-rank percentiles of microsecond samples.
+pub fn percentiles_of(us: &mut [u64]) -> Percentiles {
+    if us.is_empty() {
+        return Percentiles::default();
+    }
+    us.sort_unstable();
+    let at = |q: f64| {
+        let rank = ((q * us.len() as f64).ceil() as usize).clamp(1, us.len());
+        us[rank - 1] as f64 / 1000.0
+    };
+    Percentiles {
+        count: us.len(),
+        p50_ms: at(0.50),
+        p95_ms: at(0.95),
+        p99_ms: at(0.99),
+        p999_ms: at(0.999),
+        max_ms: us[us.len() - 1] as f64 / 1000.0,
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that goes up and down (in-flight messages).
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    pub fn add(&self, n: i64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The order-create consumer (docs/architecture.md §11.1 consumer and PostgreSQL metrics).
+/// Latency windows are short, so percentiles describe the last few
+/// thousand batches, which is what an alert and the concurrency governor need.
+#[derive(Debug)]
+pub struct ConsumeStats {
+    /// Messages handed to the handler and not yet answered.
+    pub inflight: Gauge,
+    /// Messages of batches answered ACK.
+    pub acked: Counter,
+    /// Messages of batches sent back for redelivery (docs/architecture.md §11.2 "ACK failure").
+    pub retried: Counter,
+    pub created: Counter,
+    /// Already consumed (the inbox said so): `mq_duplicate_message_total`.
+    pub duplicates: Counter,
+    pub duplicate_reservation: Counter,
+    pub rejected_no_stock: Counter,
+    pub rejected_duplicate_user: Counter,
+    pub rejected_expired: Counter,
+    pub quarantined: Counter,
+    pub deadlocks: Counter,
+    pub serialization_failures: Counter,
+    /// One handler call, parse to verdict.
+    pub process_latency: Latencies,
+    /// One order transaction, BEGIN to COMMIT.
+    pub tx_latency: Latencies,
+    /// Waiting for a pooled connection (and its BEGIN round trip).
+    pub pool_wait: Latencies,
+}
+
+impl Default for ConsumeStats {
+    fn default() -> Self {
+        Self {
+            inflight: Gauge::default(),
+            acked: Counter::default(),
+            retried: Counter::default(),
+            created: Counter::default(),
+            duplicates: Counter::default(),
+            duplicate_reservation: Counter::default(),
+            rejected_no_stock: Counter::default(),
+            rejected_duplicate_user: Counter::default(),
+            rejected_expired: Counter::default(),
+            quarantined: Counter::default(),
+            deadlocks: Counter::default(),
+            serialization_failures: Counter::default(),
+            process_latency: Latencies::new(4096),
+            tx_latency: Latencies::new(4096),
+            pool_wait: Latencies::new(4096),
+        }
+    }
+}
+
+/// Publisher and scanner figures (docs/architecture.md §11.1 producer metrics).
+#[derive(Debug)]
+pub struct PublishStats {
+    pub confirmed: Counter,
+    pub unknown: Counter,
+    pub definite_failure: Counter,
+    pub batches: Counter,
+    /// Left in the publisher's queue past their first retry time and so
+    /// handed to the scanner unsent (see `publish::still_ours`).
+    pub handed_to_scanner: Counter,
+    pub resent: Counter,
+    /// Scanner re-sends by outcome (`reservation_resend_total{outcome}`).
+    pub resend_confirmed: Counter,
+    pub resend_unknown: Counter,
+    pub resend_failed: Counter,
+    /// Claimed past validity: settled as expired, not re-sent.
+    pub resend_expired: Counter,
+    pub send_latency: Latencies,
+}
+
+impl Default for PublishStats {
+    fn default() -> Self {
+        Self {
+            confirmed: Counter::default(),
+            unknown: Counter::default(),
+            definite_failure: Counter::default(),
+            batches: Counter::default(),
+            handed_to_scanner: Counter::default(),
+            resent: Counter::default(),
+            resend_confirmed: Counter::default(),
+            resend_unknown: Counter::default(),
+            resend_failed: Counter::default(),
+            resend_expired: Counter::default(),
+            send_latency: Latencies::new(200_000),
+        }
+    }
+}
+
+/// The order lifecycle after creation (docs/architecture.md §8): outbox sends, cancel
+/// no-ops by reason, releases and projection writes.
+#[derive(Debug, Default)]
+pub struct LifecycleStats {
+    pub outbox_sent: Counter,
+    pub outbox_unknown: Counter,
+    pub outbox_failed: Counter,
+    pub canceled: Counter,
+    pub cancel_noop_already_paid: Counter,
+    pub cancel_noop_already_canceled: Counter,
+    pub cancel_noop_not_yet_due: Counter,
+    pub cancel_noop_unknown_order: Counter,
+    pub released: Counter,
+    pub already_released: Counter,
+    pub orphaned: Counter,
+    pub projected: Counter,
+    pub projection_stale: Counter,
+    pub sweep_canceled: Counter,
+    pub sweep_released: Counter,
+}
+
+impl LifecycleStats {
+    pub fn cancel_noop(&self, reason: crate::domain::status::CancelNoop) -> &Counter {
+        use crate::domain::status::CancelNoop as N;
+        match reason {
+            N::AlreadyPaid => &self.cancel_noop_already_paid,
+            N::AlreadyCanceled => &self.cancel_noop_already_canceled,
+            N::NotYetDue => &self.cancel_noop_not_yet_due,
+            N::UnknownOrder => &self.cancel_noop_unknown_order,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The stats view: every counter above as plain data, served at `/v1/stats`
+// and read back by the CLI, the TUI and the observers.
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatsView {
+    pub publish_confirmed: u64,
+    pub publish_unknown: u64,
+    pub publish_definite_failure: u64,
+    pub publish_batches: u64,
+    /// Queued past their first retry time: the scanner sent them instead.
+    #[serde(default)]
+    pub publish_handed_to_scanner: u64,
+    pub scanner_resent: u64,
+    #[serde(default)]
+    pub resend: ResendView,
+    pub send_latency: Percentiles,
+    #[serde(default)]
+    pub lifecycle: LifecycleView,
+    #[serde(default)]
+    pub consume: ConsumeView,
+    #[serde(default)]
+    pub pool: PoolView,
+    #[serde(default)]
+    pub governor: GovernorView,
+}
+
+/// The order-create consumer (docs/architecture.md §11.1). Percentiles cover the daemon's
+/// signal window (30 s); sums and counts are since start.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConsumeView {
+    pub inflight: i64,
+    pub acked: u64,
+    pub retried: u64,
+    pub created: u64,
+    pub duplicates: u64,
+    pub duplicate_reservation: u64,
+    pub rejected_no_stock: u64,
+    pub rejected_duplicate_user: u64,
+    pub rejected_expired: u64,
+    pub quarantined: u64,
+    pub deadlocks: u64,
+    pub serialization_failures: u64,
+    pub process: Percentiles,
+    pub process_sum_s: f64,
+    pub process_count: u64,
+    pub tx: Percentiles,
+    pub tx_sum_s: f64,
+    pub tx_count: u64,
+    pub pool_wait: Percentiles,
+    pub pool_wait_sum_s: f64,
+    pub pool_wait_count: u64,
+}
+
+impl ConsumeView {
+    /// The consumer's counters, with percentiles over the last `w`.
+    pub fn of(c: &ConsumeStats, w: Duration) -> Self {
+        Self {
+            inflight: c.inflight.get(),
+            acked: c.acked.get(),
+            retried: c.retried.get(),
+            created: c.created.get(),
+            duplicates: c.duplicates.get(),
+            duplicate_reservation: c.duplicate_reservation.get(),
+            rejected_no_stock: c.rejected_no_stock.get(),
+            rejected_duplicate_user: c.rejected_duplicate_user.get(),
+            rejected_expired: c.rejected_expired.get(),
+            quarantined: c.quarantined.get(),
+            deadlocks: c.deadlocks.get(),
+            serialization_failures: c.serialization_failures.get(),
+            process: c.process_latency.recent(w),
+            process_sum_s: c.process_latency.total_seconds(),
+            process_count: c.process_latency.total_count(),
+            tx: c.tx_latency.recent(w),
+            tx_sum_s: c.tx_latency.total_seconds(),
+            tx_count: c.tx_latency.total_count(),
+            pool_wait: c.pool_wait.recent(w),
+            pool_wait_sum_s: c.pool_wait.total_seconds(),
+            pool_wait_count: c.pool_wait.total_count(),
+        }
+    }
+}
+
+/// Scanner re-sends by outcome.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ResendView {
+    pub confirmed: u64,
+    pub unknown: u64,
+    pub definite_failure: u64,
+    pub expired: u64,
+}
+
+/// The engine's PostgreSQL pool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PoolView {
+    pub size: u32,
+    pub idle: u32,
+    pub max: u32,
+}
+
+/// Admission control and the adaptive concurrency (docs/architecture.md §10).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GovernorView {
+    pub admission_open: bool,
+    pub admission_reason: Option<String>,
+    pub admission_trips: u64,
+    pub admission_recoveries: u64,
+    pub admission_refused: u64,
+    pub limit: u32,
+    pub budget: u32,
+}
+
+/// After-order counters (docs/architecture.md §8), cancel no-ops by reason.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LifecycleView {
+    pub outbox_sent: u64,
+    pub outbox_unknown: u64,
+    pub outbox_failed: u64,
+    pub canceled: u64,
+    pub cancel_noop_already_paid: u64,
+    pub cancel_noop_already_canceled: u64,
+    pub cancel_noop_not_yet_due: u64,
+    pub cancel_noop_unknown_order: u64,
+    pub released: u64,
+    pub already_released: u64,
+    pub orphaned: u64,
+    pub projected: u64,
+    pub projection_stale: u64,
+    pub sweep_canceled: u64,
+    pub sweep_released: u64,
+}
+
+impl LifecycleView {
+    pub fn of(s: &LifecycleStats) -> Self {
+        Self {
+            outbox_sent: s.outbox_sent.get(),
+            outbox_unknown: s.outbox_unknown.get(),
+            outbox_failed: s.outbox_failed.get(),
+            canceled: s.canceled.get(),
+            cancel_noop_already_paid: s.cancel_noop_already_paid.get(),
+            cancel_noop_already_canceled: s.cancel_noop_already_canceled.get(),
+            cancel_noop_not_yet_due: s.cancel_noop_not_yet_due.get(),
+            cancel_noop_unknown_order: s.cancel_noop_unknown_order.get(),
+            released: s.released.get(),
+            already_released: s.already_released.get(),
+            orphaned: s.orphaned.get(),
+            projected: s.projected.get(),
+            projection_stale: s.projection_stale.get(),
+            sweep_canceled: s.sweep_canceled.get(),
+            sweep_released: s.sweep_released.get(),
+        }
+    }
+}
+
+impl StatsView {
+    /// Every counter of the process; latency percentiles over the last
+    /// `window`. The pool and governor parts are read by their owners.
+    pub fn of(
+        s: &PublishStats,
+        l: &LifecycleStats,
+        c: &ConsumeStats,
+        window: Duration,
+        pool: PoolView,
+        governor: GovernorView,
+    ) -> Self {
+        Self {
+            lifecycle: LifecycleView::of(l),
+            consume: ConsumeView::of(c, window),
+            pool,
+            governor,
+            publish_confirmed: s.confirmed.get(),
+            publish_unknown: s.unknown.get(),
+            publish_definite_failure: s.definite_failure.get(),
+            publish_batches: s.batches.get(),
+            publish_handed_to_scanner: s.handed_to_scanner.get(),
+            scanner_resent: s.resent.get(),
+            resend: ResendView {
+                confirmed: s.resend_confirmed.get(),
+                unknown: s.resend_unknown.get(),
+                definite_failure: s.resend_failed.get(),
+                expired: s.resend_expired.get(),
+            },
+            send_latency: s.send_latency.percentiles(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let mut v: Vec<u64> = (1..=1000).map(|i| i * 1000).collect();
+        let p = percentiles_of(&mut v);
+        assert_eq!(p.count, 1000);
+        assert_eq!(p.p50_ms, 500.0);
+        assert_eq!(p.p95_ms, 950.0);
+        assert_eq!(p.p99_ms, 990.0);
+        assert_eq!(p.p999_ms, 999.0);
+        assert_eq!(p.max_ms, 1000.0);
+        assert_eq!(percentiles_of(&mut []), Percentiles::default());
+    }
+
+    #[test]
+    fn the_window_is_bounded() {
+        let l = Latencies::new(3);
+        for ms in [100, 1, 2, 3] {
+            l.record(Duration::from_millis(ms));
+        }
+        assert_eq!(l.percentiles().count, 3);
+        assert_eq!(l.percentiles().max_ms, 3.0);
+    }
+}

@@ -1,0 +1,279 @@
+//! Probes every component of the stack for real: a query, a PING, a
+//! NameServer request and a request to each broker itself (the NameServer
+//! keeps a dead broker's route for up to two minutes, so asking it is not
+//! enough). Every probe is bounded, so the whole report is ready within the
+//! admin timeout even when components are down.
+//!
+//! Inputs: [`Config`], the client runtime. Output: [`HealthReport`].
+
+use crate::config::Config;
+use crate::mq::rocket::RocketAdmin;
+use crate::store::db;
+use crate::store::redis as redis_conn;
+use rocketmq_client_rust::ClientRuntime;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HealthState {
+    Up,
+    /// Reachable, but not usable as it is (e.g. the schema is behind).
+    Degraded,
+    Down,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentHealth {
+    pub component: String,
+    pub endpoint: String,
+    pub version: Option<String>,
+    pub state: HealthState,
+    pub latency_ms: u64,
+    /// Why it is not up, with the fix where one is known.
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthReport {
+    pub components: Vec<ComponentHealth>,
+}
+
+impl HealthReport {
+    pub fn worst(&self) -> HealthState {
+        if self.components.iter().any(|c| c.state == HealthState::Down) {
+            HealthState::Down
+        } else if self
+            .components
+            .iter()
+            .any(|c| c.state == HealthState::Degraded)
+        {
+            HealthState::Degraded
+        } else {
+            HealthState::Up
+        }
+    }
+}
+
+fn row(
+    component: &str,
+    endpoint: &str,
+    started: Instant,
+    result: Result<(String, HealthState, Option<String>), String>,
+) -> ComponentHealth {
+    let latency_ms = started.elapsed().as_millis() as u64;
+    match result {
+        Ok((version, state, detail)) => ComponentHealth {
+            component: component.into(),
+            endpoint: endpoint.into(),
+            version: Some(version),
+            state,
+            latency_ms,
+            detail,
+        },
+        Err(detail) => ComponentHealth {
+            component: component.into(),
+            endpoint: endpoint.into(),
+            version: None,
+            state: HealthState::Down,
+            latency_ms,
+            detail: Some(detail),
+        },
+    }
+}
+
+async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| Err(format!("{what} did not answer within {limit:?}")))
+}
+
+async fn postgres(cfg: &Config) -> ComponentHealth {
+    let started = Instant::now();
+    let endpoint = cfg.database_url_redacted();
+    let result = within(cfg.admin_timeout(), "PostgreSQL", async {
+        let pool = db::connect_unchecked(cfg)
+            .await
+            .map_err(|e| e.to_string())?;
+        let version: String = sqlx::query_scalar("SHOW server_version")
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        let version = version.split_whitespace().next().unwrap_or("?").to_owned();
+        let schema = db::status(&pool).await.map_err(|e| e.to_string())?;
+        pool.close().await;
+        Ok(match db::verdict(&schema) {
+            Ok(()) => (version, HealthState::Up, None),
+            Err(e) => (version, HealthState::Degraded, Some(e.to_string())),
+        })
+    })
+    .await;
+    row("postgresql", &endpoint, started, result)
+}
+
+async fn redis(cfg: &Config) -> ComponentHealth {
+    let started = Instant::now();
+    let endpoint = cfg.redis_url_redacted();
+    let result = within(cfg.admin_timeout(), "Redis", async {
+        let mut conn = redis_conn::connect(cfg).await.map_err(|e| e.to_string())?;
+        let pong: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if pong != "PONG" {
+            return Err(format!("PING answered {pong:?}"));
+        }
+        let version = redis_conn::server_version(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((version, HealthState::Up, None))
+    })
+    .await;
+    row("redis", &endpoint, started, result)
+}
+
+async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> {
+    let limit = cfg.admin_timeout();
+    let started = Instant::now();
+    let admin = match RocketAdmin::start(rt, &cfg.namesrv_addr, limit).await {
+        Ok(a) => a,
+        Err(e) => {
+            return vec![row(
+                "rocketmq-namesrv",
+                &cfg.namesrv_addr,
+                started,
+                Err(e.to_string()),
+            )];
+        }
+    };
+    let ns = within(limit, "NameServer", async {
+        admin.ping_namesrv().await.map_err(|e| e.to_string())?;
+        Ok(("-".to_owned(), HealthState::Up, None))
+    })
+    .await;
+    let ns_up = ns.is_ok();
+    let mut rows = vec![row("rocketmq-namesrv", &cfg.namesrv_addr, started, ns)];
+    if !ns_up {
+        rows.push(row(
+            "rocketmq-broker",
+            "?",
+            started,
+            Err("unknown: the NameServer is down, so no broker can be found".into()),
+        ));
+        admin.shutdown().await;
+        return rows;
+    }
+    let started = Instant::now();
+    match admin.brokers().await {
+        Ok(brokers) if brokers.is_empty() => rows.push(row(
+            "rocketmq-broker",
+            "?",
+            started,
+            Err(
+                "no broker is registered with the NameServer; start one (`./scripts/stack.sh up`)"
+                    .into(),
+            ),
+        )),
+        Ok(brokers) => {
+            for b in brokers {
+                let started = Instant::now();
+                let r = within(limit, "broker", async {
+                    let v = admin
+                        .broker_version(&b.addr)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok((v, HealthState::Up, None))
+                })
+                .await;
+                rows.push(row(
+                    &format!("rocketmq-broker {}", b.name),
+                    &b.addr,
+                    started,
+                    r,
+                ));
+            }
+        }
+        Err(e) => rows.push(row("rocketmq-broker", "?", started, Err(e.to_string()))),
+    }
+    admin.shutdown().await;
+    rows
+}
+
+/// The `DLQ > 0` alert (docs/architecture.md §11.2, §9): degraded while any
+/// mirrored message is still dead. Left out when the schema cannot be read
+/// (the postgresql row already says why).
+async fn dlq_alert(cfg: &Config) -> Option<ComponentHealth> {
+    let started = Instant::now();
+    let counts = within(cfg.admin_timeout(), "PostgreSQL", async {
+        let pool = db::connect(cfg).await.map_err(|e| e.to_string())?;
+        let counts: (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(DISTINCT ticket_id) FROM dlq_messages WHERE status = 'DEAD'",
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+        pool.close().await;
+        Ok(counts)
+    })
+    .await
+    .ok()?;
+    let (state, detail) = match counts {
+        (0, _) => (HealthState::Up, None),
+        (dead, tickets) => (
+            HealthState::Degraded,
+            Some(format!(
+                "DLQ > 0: {dead} dead message(s) in {tickets} ticket(s); `seckillctl dlq ticket list`; runbook runbooks/dlq.md"
+            )),
+        ),
+    };
+    Some(row(
+        "alert: dlq",
+        "dlq_messages",
+        started,
+        Ok((format!("{} dead", counts.0), state, detail)),
+    ))
+}
+
+/// The engine daemon: its `/readyz` at `cfg.engine_url`. Not part of
+/// [`check`]: the stack is healthy without an engine between sales; the
+/// operator's `health` adds it.
+pub async fn engine(cfg: &Config) -> ComponentHealth {
+    let started = Instant::now();
+    let url = cfg.engine_url.clone();
+    let result = within(cfg.admin_timeout(), "the engine", async {
+        let http = reqwest::Client::new();
+        let resp = http
+            .get(format!("{url}/readyz"))
+            .send()
+            .await
+            .map_err(|e| {
+                format!("no engine answers ({e}); start one with `seckillctl engine run` or point --engine-url at it")
+            })?;
+        Ok(if resp.status().is_success() {
+            ("-".to_owned(), HealthState::Up, None)
+        } else {
+            (
+                "-".to_owned(),
+                HealthState::Degraded,
+                Some(format!("/readyz answered {} (starting or shutting down)", resp.status())),
+            )
+        })
+    })
+    .await;
+    row("engine", &url, started, result)
+}
+
+/// Probes everything concurrently.
+pub async fn check(cfg: &Config, rt: Arc<ClientRuntime>) -> HealthReport {
+    let (pg, rd, mq, dlq) =
+        tokio::join!(postgres(cfg), redis(cfg), rocketmq(cfg, rt), dlq_alert(cfg));
+    let mut components = vec![pg, rd];
+    components.extend(mq);
+    components.extend(dlq);
+    HealthReport { components }
+}

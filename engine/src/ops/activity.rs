@@ -1,0 +1,214 @@
+//! Activities and their stock on both sides: PostgreSQL inventory (the
+//! final truth) and Redis stock (the fast path), seeded together so that
+//! conservation holds from the first request (docs/architecture.md §12).
+
+use crate::domain::ids::{ActivityId, SkuId};
+use crate::reservation::{ReservationError, ReservationStore, SeedOutcome};
+use serde::Serialize;
+use sqlx::PgPool;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActivityError {
+    #[error(
+        "activity {activity} sku {sku} already has stock (PostgreSQL total {pg_total}, Redis {redis:?}); pass --force to overwrite"
+    )]
+    AlreadyExists {
+        activity: ActivityId,
+        sku: SkuId,
+        pg_total: i64,
+        redis: Option<i64>,
+    },
+    #[error(
+        "activity {activity} sku {sku} already has {orders} order(s); re-seeding it would break conservation"
+    )]
+    HasOrders {
+        activity: ActivityId,
+        sku: SkuId,
+        orders: i64,
+    },
+    #[error("activity {0} does not exist; create it with `seckillctl activity create`")]
+    NotFound(ActivityId),
+    #[error("stock must be between 0 and 10,000,000, got {0}")]
+    BadStock(i64),
+    #[error("{what} must be between 1 ms and 7 days, got {ms} ms")]
+    BadWindow { what: &'static str, ms: i64 },
+    #[error(
+        "activity {activity} still has {live} live reservation(s) and {pending} pending send(s) in Redis; re-seeding now would admit more than the stock"
+    )]
+    LiveReservations {
+        activity: ActivityId,
+        live: u64,
+        pending: u64,
+    },
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Redis(#[from] ReservationError),
+}
+
+#[derive(Debug, Clone)]
+pub struct NewActivity {
+    pub activity: ActivityId,
+    pub sku: SkuId,
+    pub stock: i64,
+    pub valid_for_ms: i64,
+    pub pay_within_ms: i64,
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SkuStock {
+    pub sku_id: SkuId,
+    pub pg_total: i64,
+    pub pg_available: i64,
+    pub pg_valid_orders: i64,
+    pub redis_stock: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ActivityView {
+    pub activity_id: ActivityId,
+    pub valid_for_ms: i64,
+    pub pay_within_ms: i64,
+    pub redis_live_reservations: u64,
+    pub redis_pending: u64,
+    pub skus: Vec<SkuStock>,
+}
+
+pub use crate::reservation::MAX_WINDOW_MS;
+
+/// Seeds PostgreSQL first (in one transaction), then Redis. If Redis fails
+/// after the commit, running the command again with `--force` repairs it.
+pub async fn create(
+    pool: &PgPool,
+    store: &ReservationStore,
+    a: &NewActivity,
+) -> Result<ActivityView, ActivityError> {
+    if !(0..=10_000_000).contains(&a.stock) {
+        return Err(ActivityError::BadStock(a.stock));
+    }
+    for (what, ms) in [
+        ("--valid-for", a.valid_for_ms),
+        ("--pay-within", a.pay_within_ms),
+    ] {
+        if !(1..=MAX_WINDOW_MS).contains(&ms) {
+            return Err(ActivityError::BadWindow { what, ms });
+        }
+    }
+    // Live reservations hold units the new stock figure would count again.
+    let (live, pending) = (
+        store.live_reservations(a.activity).await?,
+        store.pending_count(a.activity).await?,
+    );
+    if live > 0 || pending > 0 {
+        return Err(ActivityError::LiveReservations {
+            activity: a.activity,
+            live,
+            pending,
+        });
+    }
+    let mut tx = pool.begin().await?;
+    let existing: Option<i64> = sqlx::query_scalar(
+        "SELECT total_stock FROM inventory WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE",
+    )
+    .bind(a.activity)
+    .bind(a.sku)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let redis_now = store.stock(a.activity, a.sku).await?;
+    if (existing.is_some() || redis_now.is_some()) && !a.force {
+        return Err(ActivityError::AlreadyExists {
+            activity: a.activity,
+            sku: a.sku,
+            pg_total: existing.unwrap_or(0),
+            redis: redis_now,
+        });
+    }
+    let orders: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE activity_id = $1 AND sku_id = $2")
+            .bind(a.activity)
+            .bind(a.sku)
+            .fetch_one(&mut *tx)
+            .await?;
+    if orders > 0 {
+        return Err(ActivityError::HasOrders {
+            activity: a.activity,
+            sku: a.sku,
+            orders,
+        });
+    }
+    sqlx::query(
+        "INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, $2, $3)
+         ON CONFLICT (activity_id) DO UPDATE SET valid_for_ms = EXCLUDED.valid_for_ms,
+             pay_within_ms = EXCLUDED.pay_within_ms, updated_at = now()",
+    )
+    .bind(a.activity)
+    .bind(a.valid_for_ms)
+    .bind(a.pay_within_ms)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, $3, $3)
+         ON CONFLICT (activity_id, sku_id) DO UPDATE SET total_stock = $3, available_stock = $3, updated_at = now()",
+    )
+    .bind(a.activity)
+    .bind(a.sku)
+    .bind(a.stock)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    match store.seed_stock(a.activity, a.sku, a.stock, true).await? {
+        SeedOutcome::Seeded | SeedOutcome::AlreadySeeded { .. } => {}
+    }
+    show(pool, store, a.activity).await
+}
+
+/// PostgreSQL's side of every SKU: (sku, total, available, valid orders).
+pub async fn pg_stock(
+    pool: &PgPool,
+    activity: ActivityId,
+) -> Result<Vec<(SkuId, i64, i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT i.sku_id, i.total_stock, i.available_stock,
+                (SELECT count(*) FROM orders o WHERE o.activity_id = i.activity_id AND o.sku_id = i.sku_id
+                   AND o.status <> 'CANCELED')
+         FROM inventory i WHERE i.activity_id = $1 ORDER BY i.sku_id",
+    )
+    .bind(activity)
+    .fetch_all(pool)
+    .await
+}
+
+pub async fn show(
+    pool: &PgPool,
+    store: &ReservationStore,
+    activity: ActivityId,
+) -> Result<ActivityView, ActivityError> {
+    let row: Option<(i64, i64)> =
+        sqlx::query_as("SELECT valid_for_ms, pay_within_ms FROM activities WHERE activity_id = $1")
+            .bind(activity)
+            .fetch_optional(pool)
+            .await?;
+    let Some((valid_for_ms, pay_within_ms)) = row else {
+        return Err(ActivityError::NotFound(activity));
+    };
+    let rows = pg_stock(pool, activity).await?;
+    let mut skus = Vec::with_capacity(rows.len());
+    for (sku_id, pg_total, pg_available, pg_valid_orders) in rows {
+        skus.push(SkuStock {
+            sku_id,
+            pg_total,
+            pg_available,
+            pg_valid_orders,
+            redis_stock: store.stock(activity, sku_id).await?,
+        });
+    }
+    Ok(ActivityView {
+        activity_id: activity,
+        valid_for_ms,
+        pay_within_ms,
+        redis_live_reservations: store.live_reservations(activity).await?,
+        redis_pending: store.pending_count(activity).await?,
+        skus,
+    })
+}

@@ -1,0 +1,214 @@
+//! The pending-reservation scanner (docs/architecture.md §6.5, §6).
+//!
+//! Inputs: reservations in the pending ZSET whose `next_retry_at` has passed
+//! (a first send that never confirmed: the process died before sending,
+//! window 1 of docs/architecture.md §1, or the outcome was UNKNOWN, window 2). Outputs:
+//! re-sends with the SAME `message_id`, and the outcome applied.
+//!
+//! Claims carry a lease, so N engine instances can scan at once: a claim is
+//! exclusive until its lease expires, and a crashed claimer's reservations
+//! come back by themselves when it does. Work per pass is bounded (batch
+//! size and sends in flight), and UNKNOWN backs off exponentially with jitter.
+
+use crate::config::ScannerConfig;
+use crate::domain::clock::now_ms;
+use crate::domain::message::{OrderCreateRequested, TraceContext};
+use crate::domain::stats::PublishStats;
+use crate::mq::{Producer, SendOutcome};
+use crate::pipeline::publish::{PublishError, compensate_send_failure, order_message, send_batch};
+use crate::reservation::{ReservationStore, backoff_ms};
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub struct ScannerDeps<P> {
+    pub producer: P,
+    pub store: ReservationStore,
+    pub pool: PgPool,
+    pub topic: String,
+    pub send_timeout: Duration,
+    pub stats: Arc<PublishStats>,
+    /// This instance's lease owner id.
+    pub owner: String,
+    /// Messages per send request (the publisher's batch size).
+    pub batch_max: usize,
+    /// Send requests in flight at once.
+    pub in_flight: usize,
+}
+
+/// After `valid_until` plus this, no copy of the message can still become an
+/// order (the consumer rejects it as expired), so the scanner stops sending
+/// and settles the reservation itself.
+pub const EXPIRY_GRACE_MS: i64 = 60_000;
+
+/// One pass over every activity. Returns how many reservations it handled.
+/// An error in one activity is logged and the others still run: leases
+/// expire by themselves, so the next pass retries.
+pub async fn pass<P: Producer>(
+    deps: &Arc<ScannerDeps<P>>,
+    cfg: &ScannerConfig,
+) -> Result<usize, PublishError> {
+    let mut total = 0;
+    for activity in deps.store.activities().await? {
+        match pass_activity(deps, cfg, activity).await {
+            Ok(n) => total += n,
+            Err(e) => tracing::warn!(%activity, error = %e, "scanner pass failed for one activity"),
+        }
+    }
+    Ok(total)
+}
+
+/// Settles a reservation whose validity is long gone: if PostgreSQL already
+/// decided it, it is simply done; otherwise nothing can still create its
+/// order, so it is compensated (docs/architecture.md §8, one compensation per reservation).
+async fn settle_expired<P: Producer>(
+    deps: &ScannerDeps<P>,
+    m: &OrderCreateRequested,
+) -> Result<(), PublishError> {
+    let decided: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM reservations WHERE reservation_id = $1)")
+            .bind(&m.reservation_id)
+            .fetch_one(&deps.pool)
+            .await?;
+    if decided {
+        deps.store
+            .mark_sent_many(
+                &[(
+                    m.activity_id,
+                    m.reservation_id.clone(),
+                    m.message_id.clone(),
+                )],
+                "",
+            )
+            .await?;
+    } else {
+        compensate_send_failure(
+            &deps.store,
+            &deps.pool,
+            m,
+            "expired before any send was confirmed",
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+async fn pass_activity<P: Producer>(
+    deps: &Arc<ScannerDeps<P>>,
+    cfg: &ScannerConfig,
+    activity: crate::domain::ids::ActivityId,
+) -> Result<usize, PublishError> {
+    let now = now_ms();
+    let claimed = deps
+        .store
+        .claim_due(activity, now, cfg.batch, &deps.owner, cfg.lease_ms as i64)
+        .await?;
+    if claimed.is_empty() {
+        return Ok(0);
+    }
+    let total = claimed.len();
+    let (expired, live): (Vec<_>, Vec<_>) = claimed
+        .into_iter()
+        .partition(|r| now > r.valid_until_ms + EXPIRY_GRACE_MS);
+    for r in &expired {
+        settle_expired(deps, &order_message(r, TraceContext::generate())).await?;
+    }
+    deps.stats.resent.add(live.len() as u64);
+    deps.stats.resend_expired.add(expired.len() as u64);
+    let mut workers = JoinSet::new();
+    for chunk in live.chunks(deps.batch_max.max(1)) {
+        // Bounded workers: at most `in_flight` sends at a time.
+        while workers.len() >= deps.in_flight.max(1) {
+            log_worker(workers.join_next().await);
+        }
+        let deps = deps.clone();
+        let (base, max) = (cfg.backoff_base_ms, cfg.backoff_max_ms);
+        let msgs: Vec<_> = chunk
+            .iter()
+            .map(|r| (order_message(r, TraceContext::generate()), r.send_attempt))
+            .collect();
+        workers.spawn(async move {
+            let batch: Vec<_> = msgs.iter().map(|(m, _)| m.clone()).collect();
+            let outcome = send_batch(&deps.producer, &deps.topic, &batch, deps.send_timeout, &deps.stats).await;
+            let n = batch.len() as u64;
+            match &outcome {
+                SendOutcome::Confirmed(_) => deps.stats.resend_confirmed.add(n),
+                SendOutcome::Unknown { .. } => deps.stats.resend_unknown.add(n),
+                SendOutcome::DefiniteFailure { .. } => deps.stats.resend_failed.add(n),
+            }
+            match &outcome {
+                SendOutcome::Confirmed(r) => {
+                    let items: Vec<_> = batch
+                        .iter()
+                        .map(|m| (m.activity_id, m.reservation_id.clone(), m.message_id.clone()))
+                        .collect();
+                    deps.store.mark_sent_many(&items, &r.broker_msg_id).await?;
+                }
+                // A re-sent reservation may already be stored from an earlier
+                // attempt, so even a definite failure does not compensate here:
+                // it backs off, and the expiry path settles it against
+                // PostgreSQL once no copy can still become an order.
+                SendOutcome::Unknown { detail, .. } | SendOutcome::DefiniteFailure { detail, .. } => {
+                    if let SendOutcome::DefiniteFailure { .. } = outcome {
+                        tracing::error!(error = %detail, n = batch.len(), "definite failure on a re-send; backing off");
+                    }
+                    for (m, attempt) in &msgs {
+                        let delay = backoff_ms(*attempt, base, max, rand::random::<f64>());
+                        deps.store
+                            .reschedule(m.activity_id, &m.reservation_id, &m.message_id, &deps.owner, now_ms() + delay as i64, detail)
+                            .await?;
+                    }
+                }
+            }
+            Ok::<(), PublishError>(())
+        });
+    }
+    while let Some(r) = workers.join_next().await {
+        log_worker(Some(r));
+    }
+    Ok(total)
+}
+
+/// A failed worker leaves its reservations leased; the lease expiry hands
+/// them to the next pass. Siblings are never aborted for it.
+fn log_worker(r: Option<Result<Result<(), PublishError>, tokio::task::JoinError>>) {
+    match r {
+        Some(Ok(Err(e))) => {
+            tracing::warn!(error = %e, "scanner worker failed; its reservations retry after the lease")
+        }
+        Some(Err(e)) => {
+            tracing::error!(error = %e, "scanner worker panicked; its reservations retry after the lease")
+        }
+        _ => {}
+    }
+}
+
+/// Runs passes every `interval_ms` until `cancel` fires.
+pub fn spawn<P: Producer>(
+    deps: ScannerDeps<P>,
+    cfg: ScannerConfig,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    let deps = Arc::new(deps);
+    tracker.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(cfg.interval_ms.max(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            match pass(&deps, &cfg).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(resent = n, "scanner re-sent pending reservations"),
+                // Leases expire by themselves; the next pass retries.
+                Err(e) => tracing::warn!(error = %e, "scanner pass failed"),
+            }
+        }
+    });
+}
