@@ -45,7 +45,7 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
     if lines.is_empty() {
         lines.push(Line::from(Span::styled(
             if s.data.is_some() {
-                "all docs/architecture.md §11.2 alerts OK"
+                "all alerts OK"
             } else {
                 "waiting for the first refresh"
             },
