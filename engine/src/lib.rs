@@ -75,7 +75,7 @@ pub use mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
 pub use mq::topics::{dlq_topic, retry_topic};
 pub use mq::{
     ConsumeVerdict, ConsumerSpec, DefiniteCause, Handler, IncomingMessage, Names, OutgoingMessage,
-    PROP_MESSAGE_ID, Producer, SendOutcome, SendReceipt, StartFrom, TopicKind, TopicSpec,
+    PROP_MESSAGE_ID, Producer, SendOutcome, SendReceipt, Sender, StartFrom, TopicKind, TopicSpec,
     TopicType, UnknownCause, setup as setup_mq,
 };
 pub use reservation::{
@@ -92,6 +92,7 @@ pub use pipeline::order::{self, CancelMode, CancelOutcome, OrderRow, PayOutcome}
 pub use pipeline::{outbox, publish};
 
 // Operations.
+pub use dlq::key::{DlqEntryKey, NotReplayable};
 pub use dlq::replay::{
     self, BulkReport, BulkRequest, Check as ReplayCheck, Level as CheckLevel, ReplayError,
     ReplayReport, ReplayRequest, Verdict,
@@ -102,8 +103,8 @@ pub use dlq::tickets::{
 pub use dlq::{mirror_once, webhook};
 pub use observe::health::{self, ComponentHealth, HealthReport, HealthState};
 pub use observe::view::{self, BacklogRow, PendingRow, PgView, PoolRow, ServerRow};
-pub use observe::{History, Observer, RATE_SPAN, Sample, SourceError};
+pub use observe::{History, Observation, Observer, RATE_SPAN, Sample, Source, SourceError, Watch};
 pub use ops::activity::{self, ActivityError, ActivityView, NewActivity};
 pub use ops::facts::{self, PipelineFacts};
 pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVerdict};
-pub use ops::reservation_status;
+pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};

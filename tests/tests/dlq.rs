@@ -6,12 +6,12 @@
 use anyhow::ensure;
 use chrono::{Duration as ChronoDuration, Utc};
 use seckill_engine::{
-    ActivityId, ApplyError, BulkRequest, CheckLevel as Level, ConsumerSpec, DlqEntryStatus,
-    FailureClass, MessageId, OrderConsumer, OrderId, Producer, ReplayDecision, ReplayError,
-    ReplayOutcome, ReplayRequest, RequestId, ReservationId, RocketConsumer, RocketProducer, SkuId,
-    TicketAction, TicketError, TicketStatus, TopicKind, UserId, message::ORDER_CREATE_EVENT,
-    message::OrderCreateRequested, message::TraceContext, mirror_once, publish::to_outgoing,
-    replay::Check, replay::replay, replay::replay_ticket, tickets,
+    ActivityId, ApplyError, BulkRequest, CheckLevel as Level, ConsumerSpec, DlqEntryKey,
+    DlqEntryStatus, FailureClass, MessageId, OrderConsumer, OrderId, Producer, ReplayDecision,
+    ReplayError, ReplayOutcome, ReplayRequest, RequestId, ReservationId, RocketConsumer,
+    RocketProducer, SkuId, TicketAction, TicketError, TicketId, TicketStatus, TopicKind, UserId,
+    message::ORDER_CREATE_EVENT, message::OrderCreateRequested, message::TraceContext, mirror_once,
+    publish::to_outgoing, replay::Check, replay::replay, replay::replay_ticket, tickets,
 };
 use seckill_tests::{Setup, eventually, run};
 use secrecy::ExposeSecret;
@@ -142,18 +142,18 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         let entries = tickets::list_entries(&env.pool, Some(&group), None, None).await?;
         assert_eq!(entries.len(), 1);
         let e = &entries[0];
-        assert_eq!(e.message_id, m.message_id.as_str());
+        assert_eq!(e.message_id, DlqEntryKey::Message(m.message_id.clone()));
         assert_eq!(e.original_topic, topic);
         assert_eq!(e.error_class, FailureClass::DbTimeout);
         assert_eq!(e.delivery_attempts, 2, "first delivery and one retry");
         assert_eq!(e.status, DlqEntryStatus::Dead);
-        assert_eq!(e.ticket_id.as_deref(), Some(ticket.as_str()));
+        assert_eq!(e.ticket_id.as_ref(), Some(&ticket));
         let body: OrderCreateRequested = serde_json::from_slice(&e.body)?;
         assert_eq!(body, m, "the body survives intact");
         assert!(Utc::now() - e.dead_at < ChronoDuration::minutes(5));
 
         // The detail view carries the recorded failures and the business state.
-        let detail = tickets::show_entries(&env.pool, m.message_id.as_str()).await?;
+        let detail = tickets::show_entries(&env.pool, &m.message_id.clone().into()).await?;
         assert_eq!(detail.len(), 1);
         assert_eq!(detail[0].failures.len(), 2, "{:?}", detail[0].failures);
         assert!(
@@ -189,7 +189,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         );
 
         // Replay. Bad requests write nothing and send nothing.
-        let id = m.message_id.to_string();
+        let id = m.message_id.clone();
         let req = |reason: &str, dry_run: bool, force: Vec<Check>| ReplayRequest {
             message_id: id.clone(),
             group: None,
@@ -221,7 +221,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             Err(ReplayError::NotForceable(Check::Schema))
         ));
         let unknown = ReplayRequest {
-            message_id: MessageId::generate().to_string(),
+            message_id: MessageId::generate(),
             ..req("x", false, vec![])
         };
         assert!(matches!(
@@ -279,7 +279,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             .await?;
         assert_eq!(
             replay_id.as_deref(),
-            Some(done.replay_id.as_str()),
+            done.replay_id.as_ref().map(|r| r.as_str()),
             "the lineage reached the inbox"
         );
         let e = &tickets::list_entries(&env.pool, Some(&group), None, None).await?[0];
@@ -396,7 +396,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             refused,
             Err(ApplyError::Ticket(TicketError::Refused { .. }))
         ));
-        let unknown = tickets::apply(&env.pool, "tkt_nope", &TicketAction::Ack).await;
+        let unknown = tickets::apply(&env.pool, &TicketId::generate(), &TicketAction::Ack).await;
         assert!(matches!(
             unknown,
             Err(ApplyError::Ticket(TicketError::Unknown(_)))
@@ -440,7 +440,7 @@ fn replaying_an_expired_reservation_warns_then_rejects_and_compensates_once() {
             order_consumer(&env, ConsumerSpec::new(group.clone(), topic.clone())).await?;
         let producer = producer(&env).await?;
         let req = ReplayRequest {
-            message_id: m.message_id.to_string(),
+            message_id: m.message_id.clone(),
             group: None,
             reason: "DB timeout fixed".into(),
             operator: "test".into(),
@@ -482,26 +482,29 @@ fn replaying_an_expired_reservation_warns_then_rejects_and_compensates_once() {
     });
 }
 
-/// Dead order-create entries in one ticket, as the mirror leaves them.
+/// Dead order-create entries in a new ticket of `class`, as the mirror
+/// leaves them.
 async fn dead_entries(
     env: &seckill_tests::TestEnv,
-    ticket: &str,
+    class: FailureClass,
     activity: ActivityId,
     sku: SkuId,
     n: usize,
-) -> anyhow::Result<Vec<OrderCreateRequested>> {
+) -> anyhow::Result<(TicketId, Vec<OrderCreateRequested>)> {
     let kind = TopicKind::OrderCreate;
     let (topic, group) = (env.names.topic(kind), env.names.group(kind));
-    // One live ticket per (group, class): each ticket of a test gets its own class.
-    let class = if ticket == "tkt_bulk" {
-        FailureClass::DbTimeout
-    } else {
-        FailureClass::DbDeadlock
-    };
+    // One live ticket per (group, class): each ticket of a test gets its own
+    // class, and its own range of buyers.
+    let ticket = TicketId::generate();
+    let buyers = 100_000
+        * FailureClass::ALL
+            .iter()
+            .position(|c| *c == class)
+            .unwrap_or(0) as i64;
     sqlx::query(
         "INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class) VALUES ($1, $2, $3)",
     )
-    .bind(ticket)
+    .bind(&ticket)
     .bind(&group)
     .bind(class)
     .execute(&env.pool)
@@ -509,7 +512,7 @@ async fn dead_entries(
     let mut out = Vec::new();
     for i in 0..n {
         let mut m = order_msg(activity, sku);
-        m.user_id = UserId(1_000 + i as i64 + 100_000 * ticket.len() as i64);
+        m.user_id = UserId(1_000 + i as i64 + buyers);
         sqlx::query(
             "INSERT INTO dlq_messages (consumer_group, message_id, ticket_id, original_topic, broker_msg_id,
                                        dlq_queue_id, dlq_queue_offset, body, properties, error_class,
@@ -518,7 +521,7 @@ async fn dead_entries(
         )
         .bind(&group)
         .bind(m.message_id.as_str())
-        .bind(ticket)
+        .bind(&ticket)
         .bind(&topic)
         .bind(i as i64)
         .bind(serde_json::to_vec(&m)?)
@@ -527,7 +530,7 @@ async fn dead_entries(
         .await?;
         out.push(m);
     }
-    Ok(out)
+    Ok((ticket, out))
 }
 
 /// A producer that notes when each send leaves, for the rate check.
@@ -570,7 +573,7 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             .bind(sku)
             .execute(&env.pool)
             .await?;
-        dead_entries(&env, "tkt_bulk", activity, sku, 30).await?;
+        let (bulk, _) = dead_entries(&env, FailureClass::DbTimeout, activity, sku, 30).await?;
         let kind = TopicKind::OrderCreate;
         let consumer = order_consumer(
             &env,
@@ -581,8 +584,8 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             inner: producer(&env).await?,
             at: Default::default(),
         };
-        let req = |ticket: &str| BulkRequest {
-            ticket: ticket.into(),
+        let req = |ticket: &TicketId| BulkRequest {
+            ticket: ticket.clone(),
             reason: "DB timeouts over".into(),
             operator: "test".into(),
             dry_run: false,
@@ -591,7 +594,7 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             canary: 2,
             verify_within: Duration::from_secs(60),
         };
-        let r = replay_ticket(&env.pool, &env.names, &producer, &req("tkt_bulk")).await?;
+        let r = replay_ticket(&env.pool, &env.names, &producer, &req(&bulk)).await?;
         assert_eq!((r.snapshot, r.halted.clone()), (30, None), "{r:#?}");
         assert_eq!(r.entries.len(), 30, "an outcome for every entry");
         assert!(
@@ -606,7 +609,8 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
         };
         assert_eq!(n("SELECT count(*) FROM orders").await?, 30);
         let status: String =
-            sqlx::query_scalar("SELECT status::text FROM dlq_tickets WHERE ticket_id = 'tkt_bulk'")
+            sqlx::query_scalar("SELECT status::text FROM dlq_tickets WHERE ticket_id = $1")
+                .bind(&bulk)
                 .fetch_one(&env.pool)
                 .await?;
         assert_eq!(status, "VERIFIED");
@@ -629,7 +633,7 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
         }
 
         // Resumed: nothing DEAD is left, nothing is sent again.
-        let again = replay_ticket(&env.pool, &env.names, &producer, &req("tkt_bulk")).await?;
+        let again = replay_ticket(&env.pool, &env.names, &producer, &req(&bulk)).await?;
         assert_eq!(
             (again.snapshot, again.skipped.len(), again.entries.len()),
             (0, 30, 0)
@@ -637,15 +641,21 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
         assert_eq!(n("SELECT count(*) FROM replay_audit").await?, 30);
 
         // A canary that does not verify halts the run; the rest are listed, not sent.
-        let dead = dead_entries(&env, "tkt_canary", activity, sku, 3).await?;
+        let (canary, dead) = dead_entries(&env, FailureClass::DbDeadlock, activity, sku, 3).await?;
         sqlx::query("INSERT INTO consumer_inbox (consumer_group, message_id, status) VALUES ($1, $2, 'SUCCEEDED')")
             .bind(env.names.group(kind))
             .bind(dead[0].message_id.as_str())
             .execute(&env.pool)
             .await?;
-        let halted = replay_ticket(&env.pool, &env.names, &producer, &req("tkt_canary")).await?;
+        let halted = replay_ticket(&env.pool, &env.names, &producer, &req(&canary)).await?;
         assert!(matches!(
-            replay_ticket(&env.pool, &env.names, &producer, &req("tkt_nope")).await,
+            replay_ticket(
+                &env.pool,
+                &env.names,
+                &producer,
+                &req(&TicketId::generate())
+            )
+            .await,
             Err(ReplayError::UnknownTicket(_))
         ));
         consumer.shutdown().await;
@@ -770,8 +780,8 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
     run(Setup::Full, |env| async move {
         let (activity, sku) = (ActivityId(8), SkuId(1));
         env.seed_activity(activity, sku, 5, 300_000).await?;
-        let dead = dead_entries(&env, "tkt_pre", activity, sku, 1).await?;
-        let id = dead[0].message_id.to_string();
+        let (_, dead) = dead_entries(&env, FailureClass::DbDeadlock, activity, sku, 1).await?;
+        let id = dead[0].message_id.clone();
         let group = env.names.group(TopicKind::OrderCreate);
         let checks = seckill_engine::replay::precheck(&env.pool, &env.names, &group, &id).await?;
         let audits: i64 = sqlx::query_scalar("SELECT count(*) FROM replay_audit")
@@ -786,7 +796,8 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
             "{checks:?}"
         );
         let unknown =
-            seckill_engine::replay::precheck(&env.pool, &env.names, &group, "msg_nope").await;
+            seckill_engine::replay::precheck(&env.pool, &env.names, &group, &MessageId::generate())
+                .await;
         assert!(
             unknown.is_err(),
             "an unknown message is an error, not an empty verdict"

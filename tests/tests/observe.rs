@@ -6,7 +6,7 @@
 use anyhow::{Result, ensure};
 use seckill_engine::{
     ActivityId, Config, Drain, Level, METRIC_NAMES, Observer, Producer, RequestId, ReserveOutcome,
-    RocketProducer, SkuId, TopicKind, message::TraceContext, publish::order_message,
+    RocketProducer, SkuId, Source, TopicKind, message::TraceContext, publish::order_message,
     publish::to_outgoing, view,
 };
 use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run};
@@ -261,7 +261,10 @@ fn backlog_and_pending_track_a_stopped_consumer() {
             .expect("valid_until from the bodies");
         let want = VALID_FOR_MS as f64 / 1000.0 - age;
         assert!((left - want).abs() <= 1.0, "{left} vs {want}");
-        assert!(second.error("engine").is_some(), "the engine is stopped");
+        assert!(
+            second.error(Source::Engine).is_some(),
+            "the engine is stopped"
+        );
         let server = second.pg.as_ref().expect("the server's activity");
         assert!(server.autovacuum.is_some(), "{server:?}");
         assert!(server.churn_dead_rows >= 0 && server.churn_live_rows >= 0);

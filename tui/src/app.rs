@@ -3,7 +3,7 @@
 //! a task that answers with a [`Msg`]. The terminal is restored by a drop
 //! guard, by a panic hook, and on SIGTERM.
 
-use crate::state::{Component, Data, State};
+use crate::state::{Component, Data, EffectError, EffectKind, State};
 use crate::update::{Effect, Key, Msg, update};
 use anyhow::{Context, Result};
 use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
@@ -11,8 +11,8 @@ use crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use seckill_engine::{
-    ClientRuntime, Config, History, Names, Observer, ReplayRequest, RocketProducer, Sample,
-    TicketAction, alerts, db, replay, tickets, view,
+    ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayRequest, RocketProducer,
+    Sender, Source, TicketAction, Watch, db, replay, tickets,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,31 +67,26 @@ fn decode(e: Event) -> Option<Msg> {
     Some(Msg::Key(key))
 }
 
-/// One refresh: two consecutive samples give the rates.
-fn data(
-    prev: Option<&Sample>,
-    cur: &Sample,
-    cfg: &Config,
-    names: &Names,
-    tickets: Vec<tickets::Ticket>,
-) -> Data {
-    let component = |name: &str, source: &str| Component {
-        name: name.to_owned(),
+/// One refresh: the observation and the open tickets.
+fn data(o: Observation, tickets: Vec<tickets::Ticket>) -> Data {
+    let cur = &o.sample;
+    let component = |source: Source| Component {
+        name: source.as_str().to_owned(),
         up: cur.error(source).is_none(),
         error: cur.error(source).map(str::to_owned),
     };
     Data {
         at_ms: cur.at_ms,
         components: vec![
-            component("postgresql", "postgresql"),
-            component("redis", "redis"),
-            component("rocketmq", "rocketmq"),
-            component("engine", "engine"),
+            component(Source::Postgresql),
+            component(Source::Redis),
+            component(Source::Rocketmq),
+            component(Source::Engine),
         ],
-        backlog: view::backlog(prev, cur, names),
-        pending: view::pending(cur),
-        pg: view::pg(prev, cur),
-        alerts: alerts::evaluate(&cfg.alerts, &view::alert_inputs(prev, cur)),
+        backlog: o.backlog,
+        pending: o.pending,
+        pg: o.pg,
+        alerts: o.alerts,
         tickets,
         tickets_error: None,
     }
@@ -100,15 +95,13 @@ fn data(
 /// Samples every `every` until `stop`, sending a [`Msg`] per refresh.
 fn spawn_refresher(cfg: Config, rt: Arc<ClientRuntime>, every: Duration, tx: mpsc::Sender<Msg>) {
     tokio::spawn(async move {
-        let mut observer = Observer::new(&cfg, rt);
-        let names = observer.names().clone();
         // Rates compare samples RATE_SPAN apart, whatever the refresh.
-        let mut history = History::default();
+        let mut watch = Watch::new(Observer::new(&cfg, rt));
         loop {
-            let cur = observer.sample().await;
+            let o = watch.next().await;
             let limit = cfg.admin_timeout();
             // The observer's own pool: one connection pool per screen.
-            let (open, tickets_error) = match observer.pool() {
+            let (open, tickets_error) = match watch.observer().pool() {
                 Some(p) => {
                     match tokio::time::timeout(limit, tickets::list_tickets(p, None)).await {
                         Ok(Ok(t)) => (
@@ -121,14 +114,14 @@ fn spawn_refresher(cfg: Config, rt: Arc<ClientRuntime>, every: Duration, tx: mps
                 }
                 None => (Vec::new(), Some("PostgreSQL is not connected".to_owned())),
             };
-            let mut d = data(history.push(cur.clone()), &cur, &cfg, &names, open);
+            let mut d = data(o, open);
             d.tickets_error = tickets_error;
             if tx.send(Msg::Refreshed(Box::new(d))).await.is_err() {
                 break;
             }
             tokio::time::sleep(every).await;
         }
-        observer.shutdown().await;
+        watch.shutdown().await;
     });
 }
 
@@ -142,83 +135,101 @@ fn execute(
 ) {
     let (cfg, rt, operator) = (cfg.clone(), rt.clone(), operator.to_owned());
     tokio::spawn(async move {
-        let names = Names::new(cfg.topic_prefix.clone());
+        let Some(kind) = effect.kind() else { return };
         let pool = match db::connect_unchecked(&cfg).await {
             Ok(p) => p,
             Err(e) => {
-                let e = e.to_string();
-                let msg = match effect {
-                    Effect::LoadTicket(ticket_id) => Msg::TicketLoaded {
-                        ticket_id,
-                        result: Err(e),
-                    },
-                    Effect::Precheck { message_id, .. } => Msg::Verdicts {
-                        message_id,
-                        result: Err(e),
-                    },
-                    Effect::DryRun { .. } => Msg::DryRun(Err(e)),
-                    Effect::Replay { .. } => Msg::Replayed(Err(e)),
-                    _ => Msg::TicketChanged(Err(e)),
-                };
-                let _ = tx.send(msg).await;
+                let _ = tx.send(failed(effect, EffectError::new(kind, e))).await;
                 return;
             }
         };
-        let msg = match effect {
-            Effect::Quit => return,
-            Effect::LoadTicket(ticket_id) => {
-                let result = match tickets::get_ticket(&pool, &ticket_id).await {
-                    Ok(t) => tickets::list_entries(&pool, None, Some(&ticket_id), None)
-                        .await
-                        .map(|e| (t, e))
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
-                Msg::TicketLoaded { ticket_id, result }
-            }
-            Effect::Precheck { group, message_id } => Msg::Verdicts {
-                result: replay::precheck(&pool, &names, &group, &message_id)
-                    .await
-                    .map_err(|e| e.to_string()),
-                message_id,
-            },
-            Effect::DryRun { group, message_id } => {
-                let req = request(&group, &message_id, "TUI dry run", &operator, true);
-                Msg::DryRun(run_replay(&cfg, &rt, &pool, &names, &req).await)
-            }
-            Effect::Replay {
-                group,
-                message_id,
-                reason,
-            } => {
-                let req = request(&group, &message_id, &reason, &operator, false);
-                Msg::Replayed(run_replay(&cfg, &rt, &pool, &names, &req).await)
-            }
-            Effect::Ack(ticket_id) => Msg::TicketChanged(
-                tickets::apply(&pool, &ticket_id, &TicketAction::Ack)
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
-            Effect::Assign { ticket_id, owner } => Msg::TicketChanged(
-                tickets::apply(&pool, &ticket_id, &TicketAction::Assign { owner })
-                    .await
-                    .map_err(|e| e.to_string()),
-            ),
-        };
+        let msg = answer(effect, kind, &cfg, &rt, &pool, &operator).await;
         pool.close().await;
         let _ = tx.send(msg).await;
     });
 }
 
+/// The answer of an effect that could not run at all.
+fn failed(effect: Effect, e: EffectError) -> Msg {
+    match effect {
+        Effect::LoadTicket(ticket_id) => Msg::TicketLoaded {
+            ticket_id,
+            result: Err(e),
+        },
+        Effect::Precheck { message_id, .. } => Msg::Verdicts {
+            message_id,
+            result: Err(e),
+        },
+        Effect::DryRun { .. } => Msg::DryRun(Err(e)),
+        Effect::Replay { .. } => Msg::Replayed(Err(e)),
+        Effect::Quit | Effect::Ack(_) | Effect::Assign { .. } => Msg::TicketChanged(Err(e)),
+    }
+}
+
+/// Runs the effect through the engine's own functions (the CLI's) and
+/// turns its result into the message `update` expects.
+async fn answer(
+    effect: Effect,
+    kind: EffectKind,
+    cfg: &Config,
+    rt: &Arc<ClientRuntime>,
+    pool: &db::PgPool,
+    operator: &str,
+) -> Msg {
+    let names = Names::new(cfg.topic_prefix.clone());
+    let err = |e: &dyn std::fmt::Display| EffectError::new(kind, e);
+    match effect {
+        Effect::Quit => Msg::Quit,
+        Effect::LoadTicket(ticket_id) => {
+            let result = match tickets::get_ticket(pool, &ticket_id).await {
+                Ok(t) => tickets::list_entries(pool, None, Some(&ticket_id), None)
+                    .await
+                    .map(|e| (t, e))
+                    .map_err(|e| err(&e)),
+                Err(e) => Err(err(&e)),
+            };
+            Msg::TicketLoaded { ticket_id, result }
+        }
+        Effect::Precheck { group, message_id } => Msg::Verdicts {
+            result: replay::precheck(pool, &names, &group, &message_id)
+                .await
+                .map_err(|e| err(&e)),
+            message_id,
+        },
+        Effect::DryRun { group, message_id } => {
+            let req = request(&group, message_id, "TUI dry run", operator, true);
+            Msg::DryRun(run_replay(cfg, rt, pool, &names, &req).await)
+        }
+        Effect::Replay {
+            group,
+            message_id,
+            reason,
+        } => {
+            let req = request(&group, message_id, &reason, operator, false);
+            Msg::Replayed(run_replay(cfg, rt, pool, &names, &req).await)
+        }
+        Effect::Ack(ticket_id) => Msg::TicketChanged(
+            tickets::apply(pool, &ticket_id, &TicketAction::Ack)
+                .await
+                .map_err(|e| err(&e)),
+        ),
+        Effect::Assign { ticket_id, owner } => Msg::TicketChanged(
+            tickets::apply(pool, &ticket_id, &TicketAction::Assign { owner })
+                .await
+                .map_err(|e| err(&e)),
+        ),
+    }
+}
+
 fn request(
     group: &str,
-    message_id: &str,
+    message_id: MessageId,
     reason: &str,
     operator: &str,
     dry_run: bool,
 ) -> ReplayRequest {
     ReplayRequest {
-        message_id: message_id.to_owned(),
+        message_id,
         group: Some(group.to_owned()),
         reason: reason.to_owned(),
         operator: operator.to_owned(),
@@ -234,19 +245,24 @@ async fn run_replay(
     pool: &db::PgPool,
     names: &Names,
     req: &ReplayRequest,
-) -> Result<replay::ReplayReport, String> {
+) -> Result<replay::ReplayReport, EffectError> {
+    let kind = if req.dry_run {
+        EffectKind::DryRun
+    } else {
+        EffectKind::Replay
+    };
     let producer = RocketProducer::start(
         rt.clone(),
         &cfg.namesrv_addr,
-        &format!("{}PG_SECKILL_TUI_REPLAY", names.prefix()),
+        &names.producer_group_of(Sender::TuiReplay),
         Duration::from_millis(cfg.mq.send_timeout_ms),
         cfg.mq.send_retries,
     )
     .await
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| EffectError::new(kind, e))?;
     let r = replay::replay(pool, names, &producer, req)
         .await
-        .map_err(|e| e.to_string());
+        .map_err(|e| EffectError::new(kind, e));
     producer.shutdown().await;
     r
 }

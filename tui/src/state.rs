@@ -3,9 +3,11 @@
 //! draws it.
 
 use seckill_engine::{
-    Alert, BacklogRow, DlqEntry, PendingRow, PgView, ReplayReport, Ticket, Verdict,
+    Alert, BacklogRow, DlqEntry, MessageId, PendingRow, PgView, ReplayReport, Ticket, TicketId,
+    Verdict,
 };
 use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
 use std::time::Duration;
 
 /// A sparkline keeps this much history (docs/architecture.md §13: the last 5 minutes).
@@ -64,8 +66,39 @@ pub enum ConfirmStage {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confirm {
     pub group: String,
-    pub message_id: String,
+    pub message_id: MessageId,
     pub stage: ConfirmStage,
+}
+
+/// Which effect an answer belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EffectKind {
+    LoadTicket,
+    Precheck,
+    DryRun,
+    Replay,
+    Ack,
+    Assign,
+}
+
+/// Why an effect brought no answer: which effect, and the engine's error
+/// as text. The engine's errors hold sqlx and broker errors, which are not
+/// Clone, and the screen only ever shows them; the text is shown as it is,
+/// after the prefix of the line that names the action.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub struct EffectError {
+    pub effect: EffectKind,
+    pub detail: String,
+}
+
+impl EffectError {
+    pub fn new(effect: EffectKind, e: impl fmt::Display) -> Self {
+        Self {
+            effect,
+            detail: e.to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,18 +118,18 @@ pub enum Mode {
 /// The ticket on screen, with its messages.
 #[derive(Debug, Clone)]
 pub struct Drill {
-    pub ticket_id: String,
+    pub ticket_id: TicketId,
     pub ticket: Option<Ticket>,
     pub entries: Vec<DlqEntry>,
     pub selected: usize,
     /// Pre-check verdicts of the selected message (read-only).
-    pub verdicts: Option<Result<Vec<Verdict>, String>>,
+    pub verdicts: Option<Result<Vec<Verdict>, EffectError>>,
     pub dry_run: Option<ReplayReport>,
-    pub error: Option<String>,
+    pub error: Option<EffectError>,
 }
 
 impl Drill {
-    pub fn new(ticket_id: String) -> Self {
+    pub fn new(ticket_id: TicketId) -> Self {
         Self {
             ticket_id,
             ticket: None,

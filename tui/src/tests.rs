@@ -6,15 +6,27 @@ use chrono::{TimeZone, Utc};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use seckill_engine::{
-    ActivityId, AlertConfig, AlertInputs, BacklogRow, DlqEntry, DlqEntryStatus, Drain,
-    FailureClass, Level, PendingRow, PgView, PoolRow, Ratio, ReplayCheck as Check, ReplayDecision,
-    ReplayOutcome, ReplayReport, ServerRow, Ticket, TicketStatus, Verdict, alerts, replay,
+    ActivityId, AlertConfig, AlertInputs, BacklogRow, DlqEntry, DlqEntryKey, DlqEntryStatus, Drain,
+    FailureClass, Level, MessageId, PendingRow, PgView, PoolRow, Ratio, ReplayCheck as Check,
+    ReplayDecision, ReplayId, ReplayOutcome, ReplayReport, ServerRow, Ticket, TicketId,
+    TicketStatus, Verdict, alerts, replay,
 };
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 const NOW: i64 = 1_796_000_000_000;
-const MSG: &str = "msg_01JDEADBEEF0000000000ABCDEF";
+const MSG: &str = "evt_01JDEADBEEF000000000ABCDEF";
+const SECOND: &str = "evt_01JSECND000000000000000001";
+const TKT_A: &str = "tkt_01JAAAAAAAAAAAAAAAAAAAAAAA";
+const TKT_B: &str = "tkt_01JBBBBBBBBBBBBBBBBBBBBBBB";
+
+fn msg(id: &str) -> MessageId {
+    MessageId::parse(id).unwrap()
+}
+
+fn tkt(id: &str) -> TicketId {
+    TicketId::parse(id).unwrap()
+}
 
 fn group(
     name: &str,
@@ -41,7 +53,7 @@ fn group(
 fn ticket(id: &str, owner: Option<&str>) -> Ticket {
     let at = Utc.timestamp_millis_opt(NOW - 600_000).unwrap();
     Ticket {
-        ticket_id: id.into(),
+        ticket_id: tkt(id),
         consumer_group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
         error_class: FailureClass::DbTimeout,
         status: TicketStatus::Open,
@@ -60,8 +72,8 @@ fn entry(message_id: &str) -> DlqEntry {
     let at = Utc.timestamp_millis_opt(NOW - 300_000).unwrap();
     DlqEntry {
         consumer_group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
-        message_id: message_id.into(),
-        ticket_id: Some("tkt_A".into()),
+        message_id: message_id.parse().unwrap(),
+        ticket_id: Some(tkt(TKT_A)),
         original_topic: "PROD_SECKILL_ORDER_CREATE_V1".into(),
         broker_msg_id: "7F0000010000".into(),
         error_class: FailureClass::DbTimeout,
@@ -167,7 +179,7 @@ fn critical() -> Data {
         Drain::Never,
         Level::Critical,
     );
-    d.tickets = vec![ticket("tkt_A", Some("alice")), ticket("tkt_B", None)];
+    d.tickets = vec![ticket(TKT_A, Some("alice")), ticket(TKT_B, None)];
     d.alerts = alerts::evaluate(
         &AlertConfig::default(),
         &AlertInputs {
@@ -221,22 +233,22 @@ fn type_text(s: &mut State, text: &str) {
     }
 }
 
-/// A state inside ticket tkt_A with two messages loaded.
+/// A state inside ticket TKT_A with two messages loaded.
 fn drilled(readonly: bool) -> State {
     let mut s = state_with(critical());
     s.readonly = readonly;
     key(&mut s, Key::Tab);
     assert_eq!(
         key(&mut s, Key::Enter),
-        Some(Effect::LoadTicket("tkt_A".into()))
+        Some(Effect::LoadTicket(tkt(TKT_A)))
     );
     let e = update(
         &mut s,
         Msg::TicketLoaded {
-            ticket_id: "tkt_A".into(),
+            ticket_id: tkt(TKT_A),
             result: Ok((
-                Some(ticket("tkt_A", Some("alice"))),
-                vec![entry(MSG), entry("msg_01JSECOND000000000000000001")],
+                Some(ticket(TKT_A, Some("alice"))),
+                vec![entry(MSG), entry(SECOND)],
             )),
         },
     );
@@ -244,7 +256,7 @@ fn drilled(readonly: bool) -> State {
         e,
         Some(Effect::Precheck {
             group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
-            message_id: MSG.into()
+            message_id: msg(MSG)
         })
     );
     s
@@ -271,10 +283,10 @@ fn verdicts() -> Vec<Verdict> {
 
 fn report(decision: ReplayDecision) -> ReplayReport {
     ReplayReport {
-        replay_id: "rpl_1".into(),
+        replay_id: Some(ReplayId::parse("rpl_01J00000000000000000000001").unwrap()),
         consumer_group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
-        message_id: MSG.into(),
-        ticket_id: Some("tkt_A".into()),
+        message_id: msg(MSG),
+        ticket_id: Some(tkt(TKT_A)),
         checks: verdicts(),
         decision,
         outcome: ReplayOutcome::NotSent,
@@ -313,7 +325,7 @@ fn tab_switches_panels_and_arrows_move_within_them() {
     key(&mut s, Key::Tab);
     assert_eq!(s.focus, Focus::Tickets);
     key(&mut s, Key::Down);
-    assert_eq!(s.selected_ticket().unwrap().ticket_id, "tkt_B");
+    assert_eq!(s.selected_ticket().unwrap().ticket_id, tkt(TKT_B));
     key(&mut s, Key::BackTab);
     assert_eq!(s.focus, Focus::Backlog);
 }
@@ -336,7 +348,7 @@ fn arrows_in_a_ticket_precheck_the_newly_selected_message() {
         e,
         Some(Effect::Precheck {
             group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
-            message_id: "msg_01JSECOND000000000000000001".into()
+            message_id: msg(SECOND)
         })
     );
     assert_eq!(key(&mut s, Key::Down), None, "already on the last one");
@@ -344,7 +356,7 @@ fn arrows_in_a_ticket_precheck_the_newly_selected_message() {
     update(
         &mut s,
         Msg::Verdicts {
-            message_id: MSG.into(),
+            message_id: msg(MSG),
             result: Ok(verdicts()),
         },
     );
@@ -361,7 +373,7 @@ fn r_dry_runs_then_a_real_replay_needs_the_suffix_and_a_reason() {
         key(&mut s, Key::Char('r')),
         Some(Effect::DryRun {
             group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
-            message_id: MSG.into()
+            message_id: msg(MSG)
         })
     );
     update(&mut s, Msg::DryRun(Ok(report(ReplayDecision::DryRun))));
@@ -385,7 +397,7 @@ fn r_dry_runs_then_a_real_replay_needs_the_suffix_and_a_reason() {
         key(&mut s, Key::Enter),
         Some(Effect::Replay {
             group: "CG_SECKILL_ORDER_CREATE_PG_V1".into(),
-            message_id: MSG.into(),
+            message_id: msg(MSG),
             reason: "PG is back".into()
         })
     );
@@ -395,7 +407,7 @@ fn r_dry_runs_then_a_real_replay_needs_the_suffix_and_a_reason() {
     done.outcome = ReplayOutcome::Verified;
     assert_eq!(
         update(&mut s, Msg::Replayed(Ok(done))),
-        Some(Effect::LoadTicket("tkt_A".into()))
+        Some(Effect::LoadTicket(tkt(TKT_A)))
     );
     assert!(s.status.as_ref().unwrap().contains("VERIFIED"));
 }
@@ -418,13 +430,13 @@ fn a_acknowledges_or_assigns() {
     key(&mut s, Key::Tab);
     key(&mut s, Key::Char('a'));
     assert_eq!(s.mode, Mode::Assign);
-    assert_eq!(key(&mut s, Key::Enter), Some(Effect::Ack("tkt_A".into())));
+    assert_eq!(key(&mut s, Key::Enter), Some(Effect::Ack(tkt(TKT_A))));
     key(&mut s, Key::Char('a'));
     type_text(&mut s, "bob");
     assert_eq!(
         key(&mut s, Key::Enter),
         Some(Effect::Assign {
-            ticket_id: "tkt_A".into(),
+            ticket_id: tkt(TKT_A),
             owner: "bob".into()
         })
     );
@@ -434,7 +446,7 @@ fn a_acknowledges_or_assigns() {
     // Inside a ticket, `a` acts on that ticket.
     let mut d = drilled(false);
     key(&mut d, Key::Char('a'));
-    assert_eq!(key(&mut d, Key::Enter), Some(Effect::Ack("tkt_A".into())));
+    assert_eq!(key(&mut d, Key::Enter), Some(Effect::Ack(tkt(TKT_A))));
     assert_eq!(d.mode, Mode::Drill);
 }
 
@@ -552,9 +564,35 @@ fn snapshot_ticket_drill_down() {
     update(
         &mut s,
         Msg::Verdicts {
-            message_id: MSG.into(),
+            message_id: msg(MSG),
             result: Ok(verdicts()),
         },
     );
     insta::assert_snapshot!(screen(&s));
+}
+
+#[test]
+fn an_entry_without_a_message_id_is_shown_but_never_prechecked_or_replayed() {
+    let mut s = drilled(false);
+    let d = s.drill.as_mut().unwrap();
+    d.entries.push(entry("broker:7F0000010000"));
+    assert_eq!(
+        d.entries[2].message_id,
+        DlqEntryKey::Foreign("broker:7F0000010000".into())
+    );
+    key(&mut s, Key::Down);
+    assert_eq!(key(&mut s, Key::Down), None, "nothing to pre-check");
+    let why = match &s.drill.as_ref().unwrap().verdicts {
+        Some(Err(e)) => e.to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert!(why.contains("is not a message_id (evt_<ULID>)"), "{why}");
+    assert_eq!(key(&mut s, Key::Char('r')), None, "no dry run either");
+    assert!(
+        s.status
+            .as_ref()
+            .unwrap()
+            .contains("dlq show --message-id broker:")
+    );
+    assert!(screen(&s).contains("broker:7F0000010000"));
 }

@@ -2,8 +2,12 @@
 //! result, with no I/O (STYLE.md, TUI). The loop in [`crate::app`] runs
 //! the returned [`Effect`].
 
-use crate::state::{Confirm, ConfirmStage, Data, Drill, Focus, HISTORY, Mode, State};
-use seckill_engine::{DlqEntry, ReplayDecision, ReplayReport, Ticket, Verdict};
+use crate::state::{
+    Confirm, ConfirmStage, Data, Drill, EffectError, EffectKind, Focus, HISTORY, Mode, State,
+};
+use seckill_engine::{
+    DlqEntry, MessageId, ReplayDecision, ReplayReport, Ticket, TicketId, Verdict,
+};
 
 /// A key, already decoded from the terminal's event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,16 +28,16 @@ pub enum Msg {
     Refreshed(Box<Data>),
     RefreshFailed(String),
     TicketLoaded {
-        ticket_id: String,
-        result: Result<(Option<Ticket>, Vec<DlqEntry>), String>,
+        ticket_id: TicketId,
+        result: Result<(Option<Ticket>, Vec<DlqEntry>), EffectError>,
     },
     Verdicts {
-        message_id: String,
-        result: Result<Vec<Verdict>, String>,
+        message_id: MessageId,
+        result: Result<Vec<Verdict>, EffectError>,
     },
-    DryRun(Result<ReplayReport, String>),
-    Replayed(Result<ReplayReport, String>),
-    TicketChanged(Result<Ticket, String>),
+    DryRun(Result<ReplayReport, EffectError>),
+    Replayed(Result<ReplayReport, EffectError>),
+    TicketChanged(Result<Ticket, EffectError>),
     /// The loop's clock, once per refresh interval.
     Tick(i64),
     /// Ctrl-C, SIGTERM.
@@ -44,25 +48,41 @@ pub enum Msg {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     Quit,
-    LoadTicket(String),
+    LoadTicket(TicketId),
     Precheck {
         group: String,
-        message_id: String,
+        message_id: MessageId,
     },
     DryRun {
         group: String,
-        message_id: String,
+        message_id: MessageId,
     },
     Replay {
         group: String,
-        message_id: String,
+        message_id: MessageId,
         reason: String,
     },
-    Ack(String),
+    Ack(TicketId),
     Assign {
-        ticket_id: String,
+        ticket_id: TicketId,
         owner: String,
     },
+}
+
+impl Effect {
+    /// Which effect this is, for its error; `None` for Quit, which has no
+    /// answer.
+    pub fn kind(&self) -> Option<EffectKind> {
+        Some(match self {
+            Effect::Quit => return None,
+            Effect::LoadTicket(_) => EffectKind::LoadTicket,
+            Effect::Precheck { .. } => EffectKind::Precheck,
+            Effect::DryRun { .. } => EffectKind::DryRun,
+            Effect::Replay { .. } => EffectKind::Replay,
+            Effect::Ack(_) => EffectKind::Ack,
+            Effect::Assign { .. } => EffectKind::Assign,
+        })
+    }
 }
 
 /// The last 6 characters the operator must type to replay for real.
@@ -106,58 +126,20 @@ pub fn update(s: &mut State, msg: Msg) -> Option<Effect> {
             s.refresh_error = Some(e);
             None
         }
-        Msg::TicketLoaded { ticket_id, result } => {
-            let d = s.drill.as_mut().filter(|d| d.ticket_id == ticket_id)?;
-            match result {
-                Ok((ticket, entries)) => {
-                    d.ticket = ticket;
-                    d.entries = entries;
-                    d.error = None;
-                    clamp(&mut d.selected, d.entries.len());
-                    precheck(d)
-                }
-                Err(e) => {
-                    d.error = Some(e);
-                    None
-                }
-            }
-        }
+        Msg::TicketLoaded { ticket_id, result } => ticket_loaded(s, &ticket_id, result),
         Msg::Verdicts { message_id, result } => {
             let d = s.drill.as_mut()?;
-            if d.entry().is_some_and(|e| e.message_id == message_id) {
+            // A late answer for another message is not shown against this one.
+            if d.entry()
+                .is_some_and(|e| e.message_id.message_id() == Some(&message_id))
+            {
                 d.verdicts = Some(result);
             }
             None
         }
         Msg::DryRun(result) => {
             match result {
-                Ok(report) => {
-                    let blocked = report.decision == ReplayDecision::Blocked;
-                    s.status = Some(if blocked {
-                        format!(
-                            "dry run of {}: BLOCKED by a pre-check; nothing can be sent",
-                            report.message_id
-                        )
-                    } else {
-                        format!(
-                            "dry run of {}: would send. Type its last 6 characters ({}) to replay for real, Esc to stop",
-                            report.message_id,
-                            suffix(&report.message_id)
-                        )
-                    });
-                    if !blocked && !s.readonly {
-                        s.input.clear();
-                        s.mode = Mode::Confirm(Confirm {
-                            group: report.consumer_group.clone(),
-                            message_id: report.message_id.clone(),
-                            stage: ConfirmStage::Suffix,
-                        });
-                    }
-                    if let Some(d) = s.drill.as_mut() {
-                        d.verdicts = Some(Ok(report.checks.clone()));
-                        d.dry_run = Some(report);
-                    }
-                }
+                Ok(report) => dry_run_done(s, report),
                 Err(e) => s.status = Some(format!("dry run failed: {e}")),
             }
             None
@@ -166,13 +148,15 @@ pub fn update(s: &mut State, msg: Msg) -> Option<Effect> {
             s.status = Some(match &result {
                 Ok(r) => format!(
                     "replay {} of {}: {}, {} {}",
-                    r.replay_id, r.message_id, r.decision, r.outcome, r.detail
+                    r.replay_id_str(),
+                    r.message_id,
+                    r.decision,
+                    r.outcome,
+                    r.detail
                 ),
                 Err(e) => format!("replay failed: {e}"),
             });
-            s.drill
-                .as_ref()
-                .map(|d| Effect::LoadTicket(d.ticket_id.clone()))
+            reload(s)
         }
         Msg::TicketChanged(result) => {
             s.status = Some(match result {
@@ -184,20 +168,88 @@ pub fn update(s: &mut State, msg: Msg) -> Option<Effect> {
                 ),
                 Err(e) => format!("ticket not changed: {e}"),
             });
-            s.drill
-                .as_ref()
-                .map(|d| Effect::LoadTicket(d.ticket_id.clone()))
+            reload(s)
         }
     }
 }
 
+/// After a replay or a ticket change, the drilled ticket is read again.
+fn reload(s: &State) -> Option<Effect> {
+    s.drill
+        .as_ref()
+        .map(|d| Effect::LoadTicket(d.ticket_id.clone()))
+}
+
+/// The drilled ticket's rows arrived (or did not); an answer for a ticket
+/// no longer on screen is dropped.
+fn ticket_loaded(
+    s: &mut State,
+    ticket_id: &TicketId,
+    result: Result<(Option<Ticket>, Vec<DlqEntry>), EffectError>,
+) -> Option<Effect> {
+    let d = s.drill.as_mut().filter(|d| d.ticket_id == *ticket_id)?;
+    match result {
+        Ok((ticket, entries)) => {
+            d.ticket = ticket;
+            d.entries = entries;
+            d.error = None;
+            clamp(&mut d.selected, d.entries.len());
+            precheck(d)
+        }
+        Err(e) => {
+            d.error = Some(e);
+            None
+        }
+    }
+}
+
+/// A dry run that would send opens the confirmation (unless read-only); a
+/// blocked one only says so.
+fn dry_run_done(s: &mut State, report: ReplayReport) {
+    let blocked = report.decision == ReplayDecision::Blocked;
+    s.status = Some(if blocked {
+        format!(
+            "dry run of {}: BLOCKED by a pre-check; nothing can be sent",
+            report.message_id
+        )
+    } else {
+        format!(
+            "dry run of {}: would send. Type its last 6 characters ({}) to replay for real, Esc to stop",
+            report.message_id,
+            suffix(report.message_id.as_str())
+        )
+    });
+    if !blocked && !s.readonly {
+        s.input.clear();
+        s.mode = Mode::Confirm(Confirm {
+            group: report.consumer_group.clone(),
+            message_id: report.message_id.clone(),
+            stage: ConfirmStage::Suffix,
+        });
+    }
+    if let Some(d) = s.drill.as_mut() {
+        d.verdicts = Some(Ok(report.checks.clone()));
+        d.dry_run = Some(report);
+    }
+}
+
+/// The read-only pre-checks of the selected entry. An entry mirrored
+/// without a message_id cannot be replayed (docs/architecture.md §9.1,
+/// §9.4), so there is nothing to check: the panel says why instead.
 fn precheck(d: &mut Drill) -> Option<Effect> {
     d.verdicts = None;
     d.dry_run = None;
-    d.entry().map(|e| Effect::Precheck {
-        group: e.consumer_group.clone(),
-        message_id: e.message_id.clone(),
-    })
+    let e = d.entry()?;
+    match e.message_id.replayable() {
+        Ok(id) => Some(Effect::Precheck {
+            group: e.consumer_group.clone(),
+            message_id: id.clone(),
+        }),
+        Err(why) => {
+            d.verdicts = Some(Err(EffectError::new(EffectKind::Precheck, why)));
+            None
+        }
+    }
 }
 
 fn refreshed(s: &mut State, data: Data) {
@@ -220,7 +272,7 @@ fn refreshed(s: &mut State, data: Data) {
 }
 
 /// The ticket under the cursor: the drilled one, else the selected row.
-fn ticket_in_view(s: &State) -> Option<String> {
+fn ticket_in_view(s: &State) -> Option<TicketId> {
     match (&s.mode, &s.drill) {
         (Mode::Drill, Some(d)) => Some(d.ticket_id.clone()),
         _ => s.selected_ticket().map(|t| t.ticket_id.clone()),
@@ -386,12 +438,18 @@ fn drill_key(s: &mut State, k: Key) -> Option<Effect> {
         }
         Key::Char('r') if !s.readonly => {
             let e = d.entry()?;
-            let effect = Effect::DryRun {
-                group: e.consumer_group.clone(),
-                message_id: e.message_id.clone(),
+            let message_id = match e.message_id.replayable() {
+                Ok(id) => id.clone(),
+                Err(why) => {
+                    s.status = Some(why.to_string());
+                    return None;
+                }
             };
-            s.status = Some(format!("dry run of {}…", e.message_id));
-            Some(effect)
+            s.status = Some(format!("dry run of {message_id}…"));
+            Some(Effect::DryRun {
+                group: e.consumer_group.clone(),
+                message_id,
+            })
         }
         _ => None,
     }
@@ -405,7 +463,7 @@ fn confirm(s: &mut State, c: Confirm, k: Key) -> Option<Effect> {
             None
         }
         (Key::Enter, ConfirmStage::Suffix) => {
-            if s.input == suffix(&c.message_id) {
+            if s.input == suffix(c.message_id.as_str()) {
                 s.input.clear();
                 s.mode = Mode::Confirm(Confirm {
                     stage: ConfirmStage::Reason,

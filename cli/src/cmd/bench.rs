@@ -5,16 +5,19 @@
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::{Context, Result, bail};
 use rand::seq::SliceRandom;
+use reqwest::StatusCode;
 use seckill_engine::{
-    ActivityId, ClientRuntime, Config, Names, NewActivity, PipelineFacts, RequestId,
-    ReservationStore, RocketAdmin, SkuId, StatsView, TopicKind, activity, db, facts, order,
-    redis_conn,
+    ActivityId, ApiError, ClientRuntime, Config, Names, NewActivity, OrderId, PayBody, PayView,
+    PipelineFacts, Queued, RequestId, ReservationId, ReservationStore, ReserveBody, RocketAdmin,
+    SkuId, StatsView, TopicKind, activity, db, facts, order, redis_conn,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
+use tokio::task::{JoinHandle, JoinSet};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCmd {
@@ -120,101 +123,108 @@ struct LifecycleSummary {
 impl Tabular for Summary {
     fn table(&self) -> comfy_table::Table {
         let mut t = new_table(["FIGURE", "VALUE"]);
-        let mut row = |k: &str, v: String| {
-            t.add_row([k.to_owned(), v]);
-        };
-        row(
-            "offered",
-            format!(
-                "{} requests at {}/s over {:.2} s",
-                self.ingress.offered, self.rate_offered, self.burst_seconds
-            ),
-        );
-        row(
-            "accepted (202 QUEUED)",
-            format!(
-                "{} ({} distinct reservations)",
-                self.ingress.accepted, self.ingress.distinct_reservations
-            ),
-        );
-        for (k, v) in &self.ingress.rejected {
-            row(&format!("rejected at ingress: {k}"), v.to_string());
+        let lifecycle = self.lifecycle.as_ref().map(LifecycleSummary::rows);
+        let rows = [
+            self.ingress_rows(),
+            self.pipeline_rows(),
+            lifecycle.unwrap_or_default(),
+            vec![self.quiet_row()],
+        ];
+        for (k, v) in rows.into_iter().flatten() {
+            t.add_row([k, v]);
         }
-        row("ingress errors", self.ingress.errors.to_string());
-        row(
+        t
+    }
+}
+
+/// One `FIGURE | VALUE` row.
+type Row = (String, String);
+
+fn row(figure: &str, value: String) -> Row {
+    (figure.to_owned(), value)
+}
+
+impl Summary {
+    /// What the HTTP ingress answered during the burst.
+    fn ingress_rows(&self) -> Vec<Row> {
+        let i = &self.ingress;
+        let mut rows = vec![
+            row(
+                "offered",
+                format!(
+                    "{} requests at {}/s over {:.2} s",
+                    i.offered, self.rate_offered, self.burst_seconds
+                ),
+            ),
+            row(
+                "accepted (202 QUEUED)",
+                format!(
+                    "{} ({} distinct reservations)",
+                    i.accepted, i.distinct_reservations
+                ),
+            ),
+        ];
+        rows.extend(
+            i.rejected
+                .iter()
+                .map(|(k, v)| row(&format!("rejected at ingress: {k}"), v.to_string())),
+        );
+        rows.push(row("ingress errors", i.errors.to_string()));
+        rows.push(row(
             "reservation throughput",
             format!("{:.0}/s", self.reservation_throughput),
-        );
-        for (k, v) in &self.pipeline.outcomes {
-            row(&format!("outcome: {k}"), v.to_string());
-        }
-        row(
-            "send latency p50 / p99",
-            format!(
-                "{:.1} / {:.1} ms ({} batches)",
-                self.send_latency_p50_ms, self.send_latency_p99_ms, self.publish_batches
-            ),
-        );
-        row(
-            "order-consume rate",
-            format!("{:.0} orders/s", self.pipeline.consume_rate),
-        );
-        let e = &self.pipeline.end_to_end;
-        row(
-            "end to end p50 / p99 / p99.9",
-            format!(
-                "{:.0} / {:.0} / {:.0} ms (n={})",
-                e.p50_ms, e.p99_ms, e.p999_ms, e.count
-            ),
-        );
-        row(
-            "peak lag",
-            format!(
-                "{} messages, {:.1} s",
-                self.peak_lag_messages, self.peak_lag_seconds
-            ),
-        );
-        row(
-            "scanner re-sends",
-            format!(
-                "{} ({} handed over unsent by the publisher)",
-                self.scanner_resent, self.handed_to_scanner
-            ),
-        );
-        row(
-            "quarantined (all activities)",
-            self.pipeline.quarantined.to_string(),
-        );
-        if let Some(l) = &self.lifecycle {
-            let outcomes: Vec<String> = l
-                .pay_outcomes
-                .iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect();
+        ));
+        rows
+    }
+
+    /// Outcomes in PostgreSQL and how the pipeline behind the ingress kept up.
+    fn pipeline_rows(&self) -> Vec<Row> {
+        let p = &self.pipeline;
+        let e = &p.end_to_end;
+        let mut rows: Vec<Row> = p
+            .outcomes
+            .iter()
+            .map(|(k, v)| row(&format!("outcome: {k}"), v.to_string()))
+            .collect();
+        rows.extend([
             row(
-                "pay attempts",
-                format!("{} ({})", l.pay_attempted, outcomes.join(", ")),
-            );
-            row(
-                "orders paid / canceled / still unpaid",
+                "send latency p50 / p99",
                 format!(
-                    "{} / {} / {}",
-                    l.orders_paid, l.orders_canceled, l.orders_unpaid
+                    "{:.1} / {:.1} ms ({} batches)",
+                    self.send_latency_p50_ms, self.send_latency_p99_ms, self.publish_batches
                 ),
-            );
+            ),
             row(
-                "canceled by timer message / by sweep (engine-wide)",
-                format!("{} / {}", l.canceled_by_timer_message, l.canceled_by_sweep),
-            );
+                "order-consume rate",
+                format!("{:.0} orders/s", p.consume_rate),
+            ),
             row(
-                "compensations released / pending",
-                format!("{} / {}", l.compensations_released, l.compensations_pending),
-            );
+                "end to end p50 / p99 / p99.9",
+                format!(
+                    "{:.0} / {:.0} / {:.0} ms (n={})",
+                    e.p50_ms, e.p99_ms, e.p999_ms, e.count
+                ),
+            ),
             row(
-                "lifecycle settled",
-                format!("{} after {:.1} s", l.settled, l.settled_after_seconds),
-            );
-        }
+                "peak lag",
+                format!(
+                    "{} messages, {:.1} s",
+                    self.peak_lag_messages, self.peak_lag_seconds
+                ),
+            ),
+            row(
+                "scanner re-sends",
+                format!(
+                    "{} ({} handed over unsent by the publisher)",
+                    self.scanner_resent, self.handed_to_scanner
+                ),
+            ),
+            row("quarantined (all activities)", p.quarantined.to_string()),
+        ]);
+        rows
+    }
+
+    fn quiet_row(&self) -> Row {
         row(
             "quiet",
             format!(
@@ -224,48 +234,100 @@ impl Tabular for Summary {
                 self.pipeline.redis_pending,
                 self.pipeline.redis_live_reservations
             ),
-        );
-        t
+        )
     }
 }
 
-struct Req {
-    user: u64,
-    request_id: RequestId,
+impl LifecycleSummary {
+    fn rows(&self) -> Vec<Row> {
+        let outcomes: Vec<String> = self
+            .pay_outcomes
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        vec![
+            row(
+                "pay attempts",
+                format!("{} ({})", self.pay_attempted, outcomes.join(", ")),
+            ),
+            row(
+                "orders paid / canceled / still unpaid",
+                format!(
+                    "{} / {} / {}",
+                    self.orders_paid, self.orders_canceled, self.orders_unpaid
+                ),
+            ),
+            row(
+                "canceled by timer message / by sweep (engine-wide)",
+                format!(
+                    "{} / {}",
+                    self.canceled_by_timer_message, self.canceled_by_sweep
+                ),
+            ),
+            row(
+                "compensations released / pending",
+                format!(
+                    "{} / {}",
+                    self.compensations_released, self.compensations_pending
+                ),
+            ),
+            row(
+                "lifecycle settled",
+                format!("{} after {:.1} s", self.settled, self.settled_after_seconds),
+            ),
+        ]
+    }
 }
 
-fn plan(args: &FlashSaleArgs) -> Vec<Req> {
-    let mut rng = rand::rng();
-    let base = 90_000_000u64;
-    let mut reqs: Vec<Req> = (0..args.users)
-        .map(|i| Req {
-            user: base + i,
-            request_id: RequestId::generate(),
-        })
-        .collect();
-    let n = reqs.len();
-    let mut extra = Vec::new();
-    for r in reqs.iter().take(n) {
-        if rand::random::<f64>() < args.dup_requests {
-            extra.push(Req {
-                user: r.user,
-                request_id: r.request_id.clone(),
-            });
-        }
-        if rand::random::<f64>() < args.repeat_users {
-            extra.push(Req {
-                user: r.user,
-                request_id: RequestId::generate(),
-            });
-        }
-    }
-    reqs.extend(extra);
-    reqs.shuffle(&mut rng);
-    reqs
-}
+// ---------------------------------------------------------------------------
+// The run, phase by phase: setup, burst, wait for quiet, pay and cancel,
+// summary.
+// ---------------------------------------------------------------------------
 
 pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
     let BenchCmd::FlashSale(args) = cmd;
+    check_args(&args)?;
+    let env = Env::connect(&args, cfg).await?;
+    create_activity(&args, &env).await?;
+    let reqs = plan(&args);
+    let lag = LagSampler::start(cfg, rt).await?;
+
+    let mut progress = Progress::new();
+    let burst = burst(&args, &env.http, reqs, &mut progress).await?;
+    eprintln!(
+        "[bench] burst done in {:.2} s; waiting for the pipeline to go quiet",
+        burst.seconds
+    );
+    let quiet = wait_for_quiet(
+        &args,
+        &env,
+        burst.ingress.distinct_reservations,
+        &mut progress,
+    )
+    .await?;
+    let pipeline = facts::collect(&env.pool, &env.store, args.activity).await?;
+    let peak_lag = lag.stop().await;
+
+    let lifecycle = match args.pay_share {
+        Some(share) => Some(pay_and_settle(&args, &env.pool, &env.http, share).await?),
+        None => None,
+    };
+    let stats = engine_stats(&env.http, &args.engine).await?;
+    let summary = summarise(
+        &args,
+        burst,
+        Drained {
+            pipeline,
+            peak_lag,
+            quiet,
+        },
+        &stats,
+        lifecycle,
+    );
+    render(&mut std::io::stdout().lock(), args.output, &summary)
+}
+
+fn check_args(args: &FlashSaleArgs) -> Result<()> {
     if args.rate == 0 || args.users == 0 || args.concurrency == 0 {
         bail!("--rate, --users and --concurrency must be positive");
     }
@@ -278,26 +340,73 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
     if args.pay_within.is_zero() {
         bail!("--pay-within must be positive");
     }
-    let pool = db::connect(cfg).await?;
-    let store = ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        .timeout(Duration::from_secs(10))
-        .build()?;
-    http.get(format!("{}/readyz", args.engine))
-        .send()
-        .await
-        .and_then(|r| r.error_for_status())
-        .with_context(|| {
-            format!(
-                "the engine at {} is not ready; start it with `seckillctl engine run`",
-                args.engine
-            )
-        })?;
+    Ok(())
+}
 
+/// Locks a tally; a task that panicked holding it leaves counts worth
+/// reporting, not a reason to lose them all.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Throttles the `[bench]` progress lines on stderr. One clock runs across
+/// the burst and the wait after it, so the first wait line follows the last
+/// burst line by a second.
+struct Progress(Instant);
+
+impl Progress {
+    fn new() -> Self {
+        Self(Instant::now())
+    }
+
+    /// True at most once per `every`.
+    fn due(&mut self, every: Duration) -> bool {
+        let due = self.0.elapsed() >= every;
+        if due {
+            self.0 = Instant::now();
+        }
+        due
+    }
+}
+
+// ---- Setup ----
+
+/// PostgreSQL and Redis seed the activity and give the facts; HTTP drives
+/// the engine.
+struct Env {
+    pool: db::PgPool,
+    store: ReservationStore,
+    http: reqwest::Client,
+}
+
+impl Env {
+    /// Connects, and refuses to start against an engine that is not ready.
+    async fn connect(args: &FlashSaleArgs, cfg: &Config) -> Result<Self> {
+        let pool = db::connect(cfg).await?;
+        let store =
+            ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(args.concurrency)
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        http.get(format!("{}/readyz", args.engine))
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .with_context(|| {
+                format!(
+                    "the engine at {} is not ready; start it with `seckillctl engine run`",
+                    args.engine
+                )
+            })?;
+        Ok(Self { pool, store, http })
+    }
+}
+
+async fn create_activity(args: &FlashSaleArgs, env: &Env) -> Result<()> {
     activity::create(
-        &pool,
-        &store,
+        &env.pool,
+        &env.store,
         &NewActivity {
             activity: args.activity,
             sku: args.sku,
@@ -309,34 +418,174 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
         },
     )
     .await?;
+    Ok(())
+}
 
-    let reqs = plan(&args);
-    let names = Names::new(cfg.topic_prefix.clone());
-    let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
-    let (topic, group) = (
-        names.topic(TopicKind::OrderCreate),
-        names.group(TopicKind::OrderCreate),
-    );
-    let peak = Arc::new(Mutex::new((0i64, 0f64)));
-    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let sampler = {
-        let (peak, sampling) = (peak.clone(), sampling.clone());
-        async move {
-            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+/// The request bodies of the burst, shuffled: one per user, plus the
+/// `--dup-requests` share sent again with the same `request_id` and the
+/// `--repeat-users` share trying again with a new one.
+fn plan(args: &FlashSaleArgs) -> Vec<ReserveBody> {
+    let mut rng = rand::rng();
+    // Users fit an i64: the plan holds one body per user in memory.
+    let base = 90_000_000i64;
+    let mut reqs: Vec<ReserveBody> = (0..args.users)
+        .map(|i| ReserveBody {
+            user_id: base + i as i64,
+            request_id: RequestId::generate().to_string(),
+        })
+        .collect();
+    let mut extra = Vec::new();
+    for r in &reqs {
+        if rand::random::<f64>() < args.dup_requests {
+            extra.push(r.clone());
+        }
+        if rand::random::<f64>() < args.repeat_users {
+            extra.push(ReserveBody {
+                user_id: r.user_id,
+                request_id: RequestId::generate().to_string(),
+            });
+        }
+    }
+    reqs.extend(extra);
+    reqs.shuffle(&mut rng);
+    reqs
+}
+
+/// Polls the order group's lag every 250 ms from setup until the pipeline
+/// is quiet, keeping the peak.
+struct LagSampler {
+    /// (messages, seconds), each its own maximum.
+    peak: Arc<Mutex<(i64, f64)>>,
+    running: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl LagSampler {
+    async fn start(cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Self> {
+        let names = Names::new(cfg.topic_prefix.clone());
+        let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
+        let (topic, group) = (
+            names.topic(TopicKind::OrderCreate),
+            names.group(TopicKind::OrderCreate),
+        );
+        let peak = Arc::new(Mutex::new((0i64, 0f64)));
+        let running = Arc::new(AtomicBool::new(true));
+        let (seen, run) = (peak.clone(), running.clone());
+        let task = tokio::spawn(async move {
+            while run.load(Ordering::Relaxed) {
                 if let Ok(l) = admin.lag(&topic, &group).await {
-                    let mut p = peak.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut p = lock(&seen);
                     p.0 = p.0.max(l.messages);
                     p.1 = p.1.max(l.seconds);
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             admin.shutdown().await;
-        }
-    };
-    let sampler = tokio::spawn(sampler);
+        });
+        Ok(Self {
+            peak,
+            running,
+            task,
+        })
+    }
 
-    let ingress = Arc::new(Mutex::new(Ingress::default()));
-    let distinct = Arc::new(Mutex::new(HashSet::<String>::new()));
+    /// Stops polling (and the admin client) and gives the peak lag.
+    async fn stop(self) -> (i64, f64) {
+        self.running.store(false, Ordering::Relaxed);
+        let _ = self.task.await;
+        *lock(&self.peak)
+    }
+}
+
+// ---- Burst ----
+
+/// What one reservation request came to, as the ingress figures count it.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    /// 202 QUEUED; the reservation, when the body names one.
+    Accepted(Option<ReservationId>),
+    /// Any other status: the body's error code, or the status itself.
+    Rejected(String),
+    /// No HTTP answer at all (connection refused, timeout).
+    Failed,
+}
+
+/// Reads an answer to a reservation request. An unreadable body is counted,
+/// never fatal: a 202 without a `Queued` body is still accepted, and a
+/// refusal without an `ApiError` body is counted under its status.
+fn answer(status: StatusCode, body: &[u8]) -> Answer {
+    if status == StatusCode::ACCEPTED {
+        let queued: Option<Queued> = serde_json::from_slice(body).ok();
+        Answer::Accepted(queued.map(|q| q.reservation_id))
+    } else {
+        Answer::Rejected(error_code(body).unwrap_or_else(|| status.to_string()))
+    }
+}
+
+/// The stable code of an error body (`SOLD_OUT`, `ADMISSION_CLOSED`, ...).
+fn error_code(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<ApiError>(body)
+        .ok()
+        .map(|e| e.error)
+}
+
+async fn reserve(http: &reqwest::Client, url: &str, body: &ReserveBody) -> Answer {
+    match http.post(url).json(body).send().await {
+        Ok(resp) => {
+            let status = resp.status();
+            // A body cut short reads as empty: counted like any unreadable one.
+            let bytes = resp.bytes().await.unwrap_or_default();
+            answer(status, &bytes)
+        }
+        Err(_) => Answer::Failed,
+    }
+}
+
+/// The ingress figures as the answers come in.
+#[derive(Debug, Default)]
+struct Tally {
+    ingress: Ingress,
+    reservations: HashSet<ReservationId>,
+}
+
+impl Tally {
+    fn count(&mut self, a: Answer) {
+        let g = &mut self.ingress;
+        g.offered += 1;
+        match a {
+            Answer::Accepted(id) => {
+                g.accepted += 1;
+                if let Some(id) = id {
+                    self.reservations.insert(id);
+                }
+            }
+            Answer::Rejected(code) => *g.rejected.entry(code).or_default() += 1,
+            Answer::Failed => g.errors += 1,
+        }
+    }
+
+    fn into_ingress(self) -> Ingress {
+        Ingress {
+            distinct_reservations: self.reservations.len() as u64,
+            ..self.ingress
+        }
+    }
+}
+
+struct Burst {
+    ingress: Ingress,
+    seconds: f64,
+}
+
+/// Offers every request at `--rate`, at most `--concurrency` in flight,
+/// and waits for the last answer.
+async fn burst(
+    args: &FlashSaleArgs,
+    http: &reqwest::Client,
+    reqs: Vec<ReserveBody>,
+    progress: &mut Progress,
+) -> Result<Burst> {
+    let tally = Arc::new(Mutex::new(Tally::default()));
     let sem = Arc::new(Semaphore::new(args.concurrency));
     let started = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / args.rate as f64);
@@ -344,54 +593,20 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
         "{}/v1/activities/{}/skus/{}/reservations",
         args.engine, args.activity, args.sku
     );
-    let mut last_progress = Instant::now();
     let total = reqs.len();
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, r) in reqs.into_iter().enumerate() {
-        let due = started + interval.mul_f64(i as f64);
-        tokio::time::sleep_until(due.into()).await;
+    let mut tasks = JoinSet::new();
+    for (i, body) in reqs.into_iter().enumerate() {
+        tokio::time::sleep_until((started + interval.mul_f64(i as f64)).into()).await;
         let permit = sem.clone().acquire_owned().await?;
-        let (http, url, tally, seen) =
-            (http.clone(), url.clone(), ingress.clone(), distinct.clone());
+        let (http, url, shared) = (http.clone(), url.clone(), tally.clone());
         tasks.spawn(async move {
-            let resp = http
-                .post(&url)
-                .json(&serde_json::json!({"user_id": r.user, "request_id": r.request_id.as_str()}))
-                .send()
-                .await;
-            let outcome = match resp {
-                Ok(resp) => {
-                    let code = resp.status();
-                    let body: serde_json::Value = resp.json().await.unwrap_or_default();
-                    Some((code, body))
-                }
-                Err(_) => None,
-            };
-            let mut g = tally.lock().unwrap_or_else(|e| e.into_inner());
-            g.offered += 1;
-            match outcome {
-                Some((code, body)) if code.as_u16() == 202 => {
-                    g.accepted += 1;
-                    if let Some(id) = body["reservation_id"].as_str() {
-                        seen.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(id.to_owned());
-                    }
-                }
-                Some((code, body)) => {
-                    let reason = body["error"]
-                        .as_str()
-                        .map_or_else(|| code.to_string(), str::to_owned);
-                    *g.rejected.entry(reason).or_default() += 1;
-                }
-                None => g.errors += 1,
-            }
+            let a = reserve(&http, &url, &body).await;
+            lock(&shared).count(a);
             drop(permit);
         });
         while tasks.try_join_next().is_some() {}
-        if last_progress.elapsed() >= Duration::from_secs(1) {
-            last_progress = Instant::now();
-            let g = ingress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if progress.due(Duration::from_secs(1)) {
+            let g = lock(&tally).ingress.clone();
             eprintln!(
                 "[bench] sent {}/{total}, accepted {}, rejected {}, errors {}",
                 i + 1,
@@ -402,74 +617,54 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
         }
     }
     while tasks.join_next().await.is_some() {}
-    let burst = started.elapsed().as_secs_f64();
-    let mut ingress = ingress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    ingress.distinct_reservations = distinct.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
-    eprintln!("[bench] burst done in {burst:.2} s; waiting for the pipeline to go quiet");
+    let seconds = started.elapsed().as_secs_f64();
+    let ingress = std::mem::take(&mut *lock(&tally)).into_ingress();
+    Ok(Burst { ingress, seconds })
+}
 
+// ---- Wait for quiet ----
+
+struct Quiet {
+    /// Every accepted reservation decided and no send pending.
+    reached: bool,
+    after_seconds: f64,
+}
+
+/// Waits until every distinct reservation is decided in PostgreSQL and no
+/// send is pending in Redis, or `--quiet-timeout` passes.
+async fn wait_for_quiet(
+    args: &FlashSaleArgs,
+    env: &Env,
+    reservations: u64,
+    progress: &mut Progress,
+) -> Result<Quiet> {
     // Poll the cheap progress counters, not the full facts: reading every
     // decision's latency ten times a second would slow the consumer being
     // measured.
-    let quiet_started = Instant::now();
-    let quiet = loop {
-        let p = facts::progress(&pool, &store, args.activity).await?;
-        if p.decided as u64 >= ingress.distinct_reservations && p.redis_pending == 0 {
+    let started = Instant::now();
+    let reached = loop {
+        let p = facts::progress(&env.pool, &env.store, args.activity).await?;
+        if p.decided as u64 >= reservations && p.redis_pending == 0 {
             break true;
         }
-        if quiet_started.elapsed() > args.quiet_timeout {
+        if started.elapsed() > args.quiet_timeout {
             break false;
         }
-        if last_progress.elapsed() >= Duration::from_secs(1) {
-            last_progress = Instant::now();
+        if progress.due(Duration::from_secs(1)) {
             eprintln!(
-                "[bench] decided {}/{}, pending sends {}",
-                p.decided, ingress.distinct_reservations, p.redis_pending
+                "[bench] decided {}/{reservations}, pending sends {}",
+                p.decided, p.redis_pending
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let quiet_after = quiet_started.elapsed().as_secs_f64();
-    let facts = facts::collect(&pool, &store, args.activity).await?;
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let _ = sampler.await;
-    let mut lifecycle = match args.pay_share {
-        Some(share) => Some(pay_and_settle(&args, &pool, &http, share).await?),
-        None => None,
-    };
-    let stats: StatsView = http
-        .get(format!("{}/v1/stats", args.engine))
-        .send()
-        .await?
-        .json()
-        .await
-        .context("read the engine's /v1/stats")?;
-    if let Some(l) = lifecycle.as_mut() {
-        l.canceled_by_timer_message = stats.lifecycle.canceled;
-        l.canceled_by_sweep = stats.lifecycle.sweep_canceled;
-    }
-    let (peak_lag_messages, peak_lag_seconds) = *peak.lock().unwrap_or_else(|e| e.into_inner());
-    let summary = Summary {
-        activity_id: args.activity,
-        stock: args.stock,
-        users: args.users,
-        rate_offered: args.rate,
-        burst_seconds: burst,
-        reservation_throughput: ingress.accepted as f64 / burst.max(1e-9),
-        ingress,
-        pipeline: facts,
-        send_latency_p50_ms: stats.send_latency.p50_ms,
-        send_latency_p99_ms: stats.send_latency.p99_ms,
-        publish_batches: stats.publish_batches,
-        scanner_resent: stats.scanner_resent,
-        handed_to_scanner: stats.publish_handed_to_scanner,
-        peak_lag_messages,
-        peak_lag_seconds,
-        quiet,
-        quiet_after_seconds: quiet_after,
-        lifecycle,
-    };
-    render(&mut std::io::stdout().lock(), args.output, &summary)
+    Ok(Quiet {
+        reached,
+        after_seconds: started.elapsed().as_secs_f64(),
+    })
 }
+
+// ---- Pay and cancel (docs/architecture.md §8) ----
 
 /// Pays `share` of the activity's created orders through the engine's pay
 /// endpoint, then waits until no order is left unpaid (the delayed cancels
@@ -484,67 +679,417 @@ async fn pay_and_settle(
     orders.shuffle(&mut rand::rng());
     orders.truncate((orders.len() as f64 * share).round() as usize);
     eprintln!("[bench] paying {} orders", orders.len());
-    let mut summary = LifecycleSummary {
+    let summary = LifecycleSummary {
         pay_attempted: orders.len() as u64,
+        pay_outcomes: pay_all(args, http, orders).await,
         ..LifecycleSummary::default()
     };
+    eprintln!(
+        "[bench] waiting for unpaid orders to cancel (pay window {} s) and compensations to settle",
+        args.pay_within.as_secs()
+    );
+    settle(args, pool, summary).await
+}
+
+/// Pays every order, at most 64 at once; answers by outcome.
+async fn pay_all(
+    args: &FlashSaleArgs,
+    http: &reqwest::Client,
+    orders: Vec<OrderId>,
+) -> BTreeMap<String, u64> {
     let sem = Arc::new(Semaphore::new(args.concurrency.min(64)));
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = JoinSet::new();
     for id in orders {
         let (http, sem) = (http.clone(), sem.clone());
         let url = format!("{}/v1/orders/{id}/pay", args.engine);
         tasks.spawn(async move {
             let _permit = sem.acquire_owned().await;
-            match http.post(&url).json(&serde_json::json!({})).send().await {
-                Ok(r) => {
-                    let code = r.status();
-                    let body: serde_json::Value = r.json().await.unwrap_or_default();
-                    body["outcome"]
-                        .as_str()
-                        .or(body["error"].as_str())
-                        .map_or_else(|| code.to_string(), str::to_owned)
-                }
-                Err(e) => format!("ERROR: {e}"),
-            }
+            pay(&http, &url).await
         });
     }
+    let mut outcomes = BTreeMap::new();
     while let Some(done) = tasks.join_next().await {
         let outcome = done.unwrap_or_else(|e| format!("ERROR: {e}"));
-        *summary.pay_outcomes.entry(outcome).or_default() += 1;
+        *outcomes.entry(outcome).or_default() += 1;
     }
+    outcomes
+}
 
-    eprintln!(
-        "[bench] waiting for unpaid orders to cancel (pay window {} s) and compensations to settle",
-        args.pay_within.as_secs()
-    );
+async fn pay(http: &reqwest::Client, url: &str) -> String {
+    match http.post(url).json(&PayBody::default()).send().await {
+        Ok(r) => {
+            let status = r.status();
+            let body = r.bytes().await.unwrap_or_default();
+            pay_outcome(status, &body)
+        }
+        Err(e) => format!("ERROR: {e}"),
+    }
+}
+
+/// The pay answer's outcome (`PAID`, `ALREADY_PAID`), else its error code
+/// (`CANCELED`, `WINDOW_CLOSED`), else the status.
+fn pay_outcome(status: StatusCode, body: &[u8]) -> String {
+    serde_json::from_slice::<PayView>(body)
+        .ok()
+        .map(|v| v.outcome)
+        .or_else(|| error_code(body))
+        .unwrap_or_else(|| status.to_string())
+}
+
+/// Polls the lifecycle facts until nothing is left to cancel or give back,
+/// or the pay window plus `--quiet-timeout` passes.
+async fn settle(
+    args: &FlashSaleArgs,
+    pool: &db::PgPool,
+    mut summary: LifecycleSummary,
+) -> Result<LifecycleSummary> {
     let started = Instant::now();
     let limit = args.pay_within + args.quiet_timeout;
-    let mut last_progress = Instant::now();
+    let mut progress = Progress::new();
     loop {
         let f = facts::lifecycle(pool, args.activity).await?;
-        let (paid, canceled, unpaid, released, pending) = (
-            f.paid,
-            f.canceled,
-            f.unpaid,
-            f.compensations_settled,
-            f.compensations_pending,
-        );
-        summary.orders_paid = paid;
-        summary.orders_canceled = canceled;
-        summary.orders_unpaid = unpaid;
-        summary.compensations_released = released;
-        summary.compensations_pending = pending;
-        summary.settled = unpaid == 0 && pending == 0;
+        summary.orders_paid = f.paid;
+        summary.orders_canceled = f.canceled;
+        summary.orders_unpaid = f.unpaid;
+        summary.compensations_released = f.compensations_settled;
+        summary.compensations_pending = f.compensations_pending;
+        summary.settled = f.settled();
         summary.settled_after_seconds = started.elapsed().as_secs_f64();
         if summary.settled || started.elapsed() > limit {
             return Ok(summary);
         }
-        if last_progress.elapsed() >= Duration::from_secs(2) {
-            last_progress = Instant::now();
+        if progress.due(Duration::from_secs(2)) {
             eprintln!(
-                "[bench] paid {paid}, canceled {canceled}, unpaid {unpaid}, compensations pending {pending}"
+                "[bench] paid {}, canceled {}, unpaid {}, compensations pending {}",
+                f.paid, f.canceled, f.unpaid, f.compensations_pending
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+// ---- Summary ----
+
+async fn engine_stats(http: &reqwest::Client, engine: &str) -> Result<StatsView> {
+    http.get(format!("{engine}/v1/stats"))
+        .send()
+        .await?
+        .json()
+        .await
+        .context("read the engine's /v1/stats")
+}
+
+/// The pipeline once the burst drained.
+struct Drained {
+    pipeline: PipelineFacts,
+    /// (messages, seconds).
+    peak_lag: (i64, f64),
+    quiet: Quiet,
+}
+
+fn summarise(
+    args: &FlashSaleArgs,
+    burst: Burst,
+    drained: Drained,
+    stats: &StatsView,
+    mut lifecycle: Option<LifecycleSummary>,
+) -> Summary {
+    if let Some(l) = lifecycle.as_mut() {
+        l.canceled_by_timer_message = stats.lifecycle.canceled;
+        l.canceled_by_sweep = stats.lifecycle.sweep_canceled;
+    }
+    let Drained {
+        pipeline,
+        peak_lag: (peak_lag_messages, peak_lag_seconds),
+        quiet,
+    } = drained;
+    Summary {
+        activity_id: args.activity,
+        stock: args.stock,
+        users: args.users,
+        rate_offered: args.rate,
+        burst_seconds: burst.seconds,
+        reservation_throughput: burst.ingress.accepted as f64 / burst.seconds.max(1e-9),
+        ingress: burst.ingress,
+        pipeline,
+        send_latency_p50_ms: stats.send_latency.p50_ms,
+        send_latency_p99_ms: stats.send_latency.p99_ms,
+        publish_batches: stats.publish_batches,
+        scanner_resent: stats.scanner_resent,
+        handed_to_scanner: stats.publish_handed_to_scanner,
+        peak_lag_messages,
+        peak_lag_seconds,
+        quiet: quiet.reached,
+        quiet_after_seconds: quiet.after_seconds,
+        lifecycle,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use seckill_engine::{MessageId, Percentiles};
+
+    /// A summary touching every row: rejections, outcomes and the
+    /// lifecycle part.
+    fn fixture() -> Summary {
+        let count = |kv: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            kv.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+        };
+        Summary {
+            activity_id: ActivityId(7),
+            stock: 100,
+            users: 1000,
+            rate_offered: 500,
+            burst_seconds: 2.004,
+            reservation_throughput: 49.9,
+            ingress: Ingress {
+                offered: 1100,
+                accepted: 100,
+                rejected: count(&[("SOLD_OUT", 990), ("503 Service Unavailable", 4)]),
+                errors: 6,
+                distinct_reservations: 98,
+            },
+            pipeline: PipelineFacts {
+                outcomes: [
+                    ("ORDER_CREATED".to_owned(), 97),
+                    ("REJECTED_EXPIRED".to_owned(), 1),
+                ]
+                .into_iter()
+                .collect(),
+                decided: 98,
+                end_to_end: Percentiles {
+                    count: 98,
+                    p50_ms: 12.4,
+                    p95_ms: 40.0,
+                    p99_ms: 88.6,
+                    p999_ms: 90.2,
+                    max_ms: 91.0,
+                },
+                consume_rate: 321.5,
+                quarantined: 0,
+                redis_pending: 0,
+                redis_live_reservations: 97,
+            },
+            send_latency_p50_ms: 1.25,
+            send_latency_p99_ms: 9.75,
+            publish_batches: 12,
+            scanner_resent: 3,
+            handed_to_scanner: 1,
+            peak_lag_messages: 64,
+            peak_lag_seconds: 0.35,
+            quiet: true,
+            quiet_after_seconds: 1.5,
+            lifecycle: Some(LifecycleSummary {
+                pay_attempted: 50,
+                pay_outcomes: count(&[("PAID", 48), ("CANCELED", 2)]),
+                orders_paid: 48,
+                orders_canceled: 49,
+                orders_unpaid: 0,
+                canceled_by_timer_message: 40,
+                canceled_by_sweep: 9,
+                compensations_released: 50,
+                compensations_pending: 0,
+                settled: true,
+                settled_after_seconds: 61.25,
+            }),
+        }
+    }
+
+    fn shown(format: OutputFormat, s: &Summary) -> String {
+        let mut out = Vec::new();
+        render(&mut out, format, s).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// The table for the fixture, byte for byte, as `seckillctl bench`
+    /// printed it before `run` and `table` were split into phases.
+    const TABLE: &str = r#"┌────────────────────────────────────────────────────┬───────────────────────────────────────────┐
+│ FIGURE                                             ┆ VALUE                                     │
+╞════════════════════════════════════════════════════╪═══════════════════════════════════════════╡
+│ offered                                            ┆ 1100 requests at 500/s over 2.00 s        │
+│ accepted (202 QUEUED)                              ┆ 100 (98 distinct reservations)            │
+│ rejected at ingress: 503 Service Unavailable       ┆ 4                                         │
+│ rejected at ingress: SOLD_OUT                      ┆ 990                                       │
+│ ingress errors                                     ┆ 6                                         │
+│ reservation throughput                             ┆ 50/s                                      │
+│ outcome: ORDER_CREATED                             ┆ 97                                        │
+│ outcome: REJECTED_EXPIRED                          ┆ 1                                         │
+│ send latency p50 / p99                             ┆ 1.2 / 9.8 ms (12 batches)                 │
+│ order-consume rate                                 ┆ 322 orders/s                              │
+│ end to end p50 / p99 / p99.9                       ┆ 12 / 89 / 90 ms (n=98)                    │
+│ peak lag                                           ┆ 64 messages, 0.3 s                        │
+│ scanner re-sends                                   ┆ 3 (1 handed over unsent by the publisher) │
+│ quarantined (all activities)                       ┆ 0                                         │
+│ pay attempts                                       ┆ 50 (CANCELED 2, PAID 48)                  │
+│ orders paid / canceled / still unpaid              ┆ 48 / 49 / 0                               │
+│ canceled by timer message / by sweep (engine-wide) ┆ 40 / 9                                    │
+│ compensations released / pending                   ┆ 50 / 0                                    │
+│ lifecycle settled                                  ┆ true after 61.2 s                         │
+│ quiet                                              ┆ true after 1.5 s (pending 0, live 97)     │
+└────────────────────────────────────────────────────┴───────────────────────────────────────────┘
+"#;
+
+    /// The same without `--pay-share`: no lifecycle rows, a narrower column.
+    const TABLE_WITHOUT_LIFECYCLE: &str = r#"┌──────────────────────────────────────────────┬───────────────────────────────────────────┐
+│ FIGURE                                       ┆ VALUE                                     │
+╞══════════════════════════════════════════════╪═══════════════════════════════════════════╡
+│ offered                                      ┆ 1100 requests at 500/s over 2.00 s        │
+│ accepted (202 QUEUED)                        ┆ 100 (98 distinct reservations)            │
+│ rejected at ingress: 503 Service Unavailable ┆ 4                                         │
+│ rejected at ingress: SOLD_OUT                ┆ 990                                       │
+│ ingress errors                               ┆ 6                                         │
+│ reservation throughput                       ┆ 50/s                                      │
+│ outcome: ORDER_CREATED                       ┆ 97                                        │
+│ outcome: REJECTED_EXPIRED                    ┆ 1                                         │
+│ send latency p50 / p99                       ┆ 1.2 / 9.8 ms (12 batches)                 │
+│ order-consume rate                           ┆ 322 orders/s                              │
+│ end to end p50 / p99 / p99.9                 ┆ 12 / 89 / 90 ms (n=98)                    │
+│ peak lag                                     ┆ 64 messages, 0.3 s                        │
+│ scanner re-sends                             ┆ 3 (1 handed over unsent by the publisher) │
+│ quarantined (all activities)                 ┆ 0                                         │
+│ quiet                                        ┆ true after 1.5 s (pending 0, live 97)     │
+└──────────────────────────────────────────────┴───────────────────────────────────────────┘
+"#;
+
+    #[test]
+    fn the_table_is_pinned() {
+        assert_eq!(shown(OutputFormat::Table, &fixture()), TABLE);
+        let without = Summary {
+            lifecycle: None,
+            ..fixture()
+        };
+        assert_eq!(
+            shown(OutputFormat::Table, &without),
+            TABLE_WITHOUT_LIFECYCLE
+        );
+    }
+
+    fn json(v: &impl Serialize) -> Vec<u8> {
+        serde_json::to_vec(v).unwrap()
+    }
+
+    fn api_error(code: &str) -> Vec<u8> {
+        json(&ApiError {
+            error: code.into(),
+            reason: "for people".into(),
+        })
+    }
+
+    #[test]
+    fn a_queued_answer_names_its_reservation() {
+        let id = ReservationId::generate();
+        let body = json(&Queued {
+            status: "QUEUED".into(),
+            reservation_id: id.clone(),
+            order_id: OrderId::generate(),
+            message_id: MessageId::generate(),
+        });
+        assert_eq!(
+            answer(StatusCode::ACCEPTED, &body),
+            Answer::Accepted(Some(id))
+        );
+    }
+
+    #[test]
+    fn an_unreadable_body_is_counted_not_fatal() {
+        assert_eq!(
+            answer(StatusCode::ACCEPTED, b"not json"),
+            Answer::Accepted(None)
+        );
+        assert_eq!(
+            answer(StatusCode::SERVICE_UNAVAILABLE, b"<html>"),
+            Answer::Rejected("503 Service Unavailable".into())
+        );
+        assert_eq!(
+            answer(StatusCode::NOT_FOUND, b""),
+            Answer::Rejected("404 Not Found".into())
+        );
+        assert_eq!(
+            pay_outcome(StatusCode::BAD_GATEWAY, b"{"),
+            "502 Bad Gateway"
+        );
+    }
+
+    #[test]
+    fn a_refusal_is_counted_by_its_error_code() {
+        assert_eq!(
+            answer(StatusCode::CONFLICT, &api_error("SOLD_OUT")),
+            Answer::Rejected("SOLD_OUT".into())
+        );
+        assert_eq!(
+            pay_outcome(StatusCode::CONFLICT, &api_error("WINDOW_CLOSED")),
+            "WINDOW_CLOSED"
+        );
+    }
+
+    #[test]
+    fn a_pay_answer_is_counted_by_its_outcome() {
+        let body = json(&PayView {
+            outcome: "ALREADY_PAID".into(),
+            order: None,
+        });
+        assert_eq!(pay_outcome(StatusCode::OK, &body), "ALREADY_PAID");
+    }
+
+    #[test]
+    fn the_tally_counts_every_answer_and_each_reservation_once() {
+        let id = ReservationId::generate();
+        let mut t = Tally::default();
+        for a in [
+            Answer::Accepted(Some(id.clone())),
+            Answer::Accepted(Some(id)),
+            Answer::Accepted(None),
+            Answer::Rejected("SOLD_OUT".into()),
+            Answer::Rejected("SOLD_OUT".into()),
+            Answer::Failed,
+        ] {
+            t.count(a);
+        }
+        let i = t.into_ingress();
+        assert_eq!(
+            (i.offered, i.accepted, i.errors, i.distinct_reservations),
+            (6, 3, 1, 1)
+        );
+        assert_eq!(i.rejected, BTreeMap::from([("SOLD_OUT".to_owned(), 2)]));
+    }
+
+    #[test]
+    fn every_duplicate_request_repeats_its_request_id() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            cmd: BenchCmd,
+        }
+        let cli = <Cli as clap::Parser>::parse_from([
+            "bench",
+            "flash-sale",
+            "--activity",
+            "1",
+            "--sku",
+            "1",
+            "--stock",
+            "1",
+            "--users",
+            "50",
+            "--rate",
+            "1",
+            "--dup-requests",
+            "1",
+        ]);
+        let BenchCmd::FlashSale(args) = cli.cmd;
+        let reqs = plan(&args);
+        assert_eq!(reqs.len(), 100);
+        let mut per_request: BTreeMap<(i64, &str), u32> = BTreeMap::new();
+        for r in &reqs {
+            *per_request.entry((r.user_id, &r.request_id)).or_default() += 1;
+        }
+        assert_eq!(per_request.len(), 50);
+        assert!(per_request.values().all(|n| *n == 2));
+        assert!(
+            per_request
+                .keys()
+                .all(|(u, _)| (90_000_000..90_000_050).contains(u))
+        );
     }
 }

@@ -6,10 +6,10 @@ use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use chrono::Utc;
 use seckill_engine::{
-    ApplyError, BulkReport, BulkRequest, ClientRuntime, Config, DlqEntry, DlqEntryStatus,
-    EntryDetail, Names, ReplayCheck as Check, ReplayDecision, ReplayError, ReplayOutcome,
-    ReplayReport, ReplayRequest, RocketProducer, Ticket, TicketAction, TicketStatus, db, replay,
-    tickets,
+    ApplyError, BulkReport, BulkRequest, ClientRuntime, Config, DlqEntry, DlqEntryKey,
+    DlqEntryStatus, EntryDetail, Names, ReplayCheck as Check, ReplayDecision, ReplayError,
+    ReplayOutcome, ReplayReport, ReplayRequest, RocketProducer, Sender, Ticket, TicketAction,
+    TicketId, TicketStatus, db, replay, tickets,
 };
 use serde::Serialize;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ pub enum DlqCmd {
         #[arg(long)]
         group: Option<String>,
         #[arg(long)]
-        ticket: Option<String>,
+        ticket: Option<TicketId>,
         /// DEAD, REPLAYING, REPLAYED, VERIFIED or DISCARDED
         #[arg(long)]
         status: Option<DlqEntryStatus>,
@@ -30,8 +30,10 @@ pub enum DlqCmd {
     },
     /// One dead message: body, properties, error history, inbox, order and reservation state
     Show {
+        // Any key: also that of a dead message mirrored without a
+        // message_id (broker:<id>, docs/architecture.md §9.1).
         #[arg(long)]
-        message_id: String,
+        message_id: DlqEntryKey,
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
@@ -46,11 +48,13 @@ pub enum DlqCmd {
 #[command(group(clap::ArgGroup::new("what").required(true).args(["message_id", "ticket"])))]
 pub struct ReplayArgs {
     /// One dead message
+    // Text, parsed in `replay_one` after clap's own checks (so a bad
+    // --force is reported first), and refused unless it is a message_id.
     #[arg(long)]
     message_id: Option<String>,
     /// Every DEAD entry of a ticket, as of now: canaries first, then the rest at --rate
     #[arg(long, conflicts_with = "group")]
-    ticket: Option<String>,
+    ticket: Option<TicketId>,
     /// With --ticket: sends per second at most, e.g. 20/s
     #[arg(long, value_parser = parse_rate, default_value = "10/s")]
     rate: f64,
@@ -95,7 +99,7 @@ impl Tabular for ReplayReport {
     fn footer(&self) -> Vec<String> {
         vec![format!(
             "{} {} ({}, replay #{}): decision {}, outcome {}{}",
-            self.replay_id,
+            self.replay_id_str(),
             self.message_id,
             self.consumer_group,
             self.replay_count,
@@ -121,21 +125,21 @@ pub enum TicketCmd {
     },
     Show {
         #[arg(long)]
-        ticket: String,
+        ticket: TicketId,
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
     /// OPEN → ACKED
     Ack {
         #[arg(long)]
-        ticket: String,
+        ticket: TicketId,
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
     /// Set the owner (acknowledges an OPEN ticket)
     Assign {
         #[arg(long)]
-        ticket: String,
+        ticket: TicketId,
         #[arg(long)]
         owner: String,
         #[arg(long, short, value_enum, default_value_t)]
@@ -144,19 +148,23 @@ pub enum TicketCmd {
     /// The fault is fixed: → FIXED, ready to replay
     Resolve {
         #[arg(long)]
-        ticket: String,
+        ticket: TicketId,
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
     /// → CLOSED, saying what was done
     Close {
         #[arg(long)]
-        ticket: String,
+        ticket: TicketId,
         #[arg(long)]
         resolution: String,
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
+}
+
+fn ticket_or_dash(t: Option<&TicketId>) -> String {
+    t.map_or_else(|| "-".into(), TicketId::to_string)
 }
 
 fn age(t: chrono::DateTime<Utc>) -> String {
@@ -186,8 +194,8 @@ impl Tabular for Entries {
         for e in &self.0 {
             t.add_row([
                 e.consumer_group.clone(),
-                e.message_id.clone(),
-                e.ticket_id.clone().unwrap_or_else(|| "-".into()),
+                e.message_id.to_string(),
+                ticket_or_dash(e.ticket_id.as_ref()),
                 e.error_class.to_string(),
                 e.delivery_attempts.to_string(),
                 e.status.to_string(),
@@ -213,9 +221,9 @@ impl Tabular for Details {
             let e = &d.entry;
             let rows = [
                 ("group", e.consumer_group.clone()),
-                ("message_id", e.message_id.clone()),
+                ("message_id", e.message_id.to_string()),
                 ("original topic", e.original_topic.clone()),
-                ("ticket", e.ticket_id.clone().unwrap_or_else(|| "-".into())),
+                ("ticket", ticket_or_dash(e.ticket_id.as_ref())),
                 (
                     "status",
                     format!("{} (replays {})", e.status, e.replay_count),
@@ -236,13 +244,13 @@ impl Tabular for Details {
                 ),
                 (
                     "order",
-                    d.order_status.clone().unwrap_or_else(|| "none".into()),
+                    d.order_status
+                        .map_or_else(|| "none".into(), |s| s.to_string()),
                 ),
                 (
                     "reservation",
                     d.reservation_outcome
-                        .clone()
-                        .unwrap_or_else(|| "not decided".into()),
+                        .map_or_else(|| "not decided".into(), |o| o.to_string()),
                 ),
                 ("properties", e.properties.to_string()),
                 ("body", d.body.clone()),
@@ -277,7 +285,7 @@ impl Tabular for Tickets {
         ]);
         for k in &self.0 {
             t.add_row([
-                k.ticket_id.clone(),
+                k.ticket_id.to_string(),
                 k.consumer_group.clone(),
                 k.error_class.to_string(),
                 k.status.to_string(),
@@ -344,7 +352,7 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
             output,
         } => {
             let entries =
-                tickets::list_entries(&pool, group.as_deref(), ticket.as_deref(), status).await?;
+                tickets::list_entries(&pool, group.as_deref(), ticket.as_ref(), status).await?;
             render(out, output, &Entries(entries))
         }
         DlqCmd::Show { message_id, output } => {
@@ -430,10 +438,10 @@ impl Tabular for BulkReport {
         let mut t = new_table(["MESSAGE ID", "DECISION", "OUTCOME", "REPLAY", "DETAIL"]);
         for r in &self.entries {
             t.add_row([
-                r.message_id.clone(),
+                r.message_id.to_string(),
                 r.decision.to_string(),
                 r.outcome.to_string(),
-                r.replay_id.clone(),
+                r.replay_id_str().to_owned(),
                 r.detail.clone(),
             ]);
         }
@@ -455,6 +463,14 @@ impl Tabular for BulkReport {
         if let Some(h) = &self.halted {
             lines.push(format!("HALTED: {h}"));
         }
+        if !self.unreplayable.is_empty() {
+            let keys: Vec<String> = self.unreplayable.iter().map(|k| k.to_string()).collect();
+            lines.push(format!(
+                "NOT REPLAYABLE: {} DEAD entr(ies) mirrored without a message_id ({}); inspect them with `seckillctl dlq show --message-id KEY`",
+                keys.len(),
+                keys.join(", ")
+            ));
+        }
         lines
     }
 }
@@ -471,57 +487,85 @@ async fn replay_one(
         .clone()
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "unknown".into());
+    // Only a message_id can be replayed (docs/architecture.md §9.4): a key
+    // that is not one is the operator's to fix (exit 64), found before the
+    // broker is touched. clap makes --ticket and --message-id exclusive.
+    let message_id = match (&args.ticket, &args.message_id) {
+        (None, raw) => Some(
+            DlqEntryKey::from(raw.clone().unwrap_or_default())
+                .replayable()
+                .map_err(|e| UsageError(e.to_string()))?
+                .clone(),
+        ),
+        (Some(_), _) => None,
+    };
     let producer = RocketProducer::start(
         rt,
         &cfg.namesrv_addr,
-        &format!("{}PG_SECKILL_REPLAY_V1", names.prefix()),
+        &names.producer_group_of(Sender::CliReplay),
         std::time::Duration::from_millis(cfg.mq.send_timeout_ms),
         cfg.mq.send_retries,
     )
     .await?;
-    if let Some(ticket) = args.ticket {
-        let req = BulkRequest {
-            ticket,
-            reason: args.reason,
-            operator,
-            dry_run: args.dry_run,
-            force: args.force,
-            rate_per_s: args.rate,
-            canary: args.canary,
-            verify_within: args.verify_within,
-        };
-        let result = replay::replay_ticket(pool, &names, &producer, &req).await;
-        producer.shutdown().await;
-        let report = result.map_err(replay_error)?;
-        render(&mut std::io::stdout().lock(), args.output, &report)?;
-        let all_ok = report
-            .entries
-            .iter()
-            .all(|r| r.outcome == ReplayOutcome::Verified || r.decision == ReplayDecision::DryRun);
-        return Ok(if report.halted.is_some() {
-            Exit::Warn
-        } else if all_ok {
-            Exit::Ok
-        } else {
-            Exit::Failure
-        });
-    }
-    let req = ReplayRequest {
-        message_id: args.message_id.unwrap_or_default(),
-        group: args.group,
-        reason: args.reason,
-        operator,
-        dry_run: args.dry_run,
-        force: args.force,
-        verify_within: args.verify_within,
+    let output = args.output;
+    let exit = match (message_id, args.ticket) {
+        (Some(message_id), _) => {
+            let req = ReplayRequest {
+                message_id,
+                group: args.group,
+                reason: args.reason,
+                operator,
+                dry_run: args.dry_run,
+                force: args.force,
+                verify_within: args.verify_within,
+            };
+            let result = replay::replay(pool, &names, &producer, &req).await;
+            producer.shutdown().await;
+            single_exit(&result.map_err(replay_error)?, output)?
+        }
+        (None, ticket) => {
+            let req = BulkRequest {
+                ticket: ticket.expect("clap requires --ticket or --message-id"),
+                reason: args.reason,
+                operator,
+                dry_run: args.dry_run,
+                force: args.force,
+                rate_per_s: args.rate,
+                canary: args.canary,
+                verify_within: args.verify_within,
+            };
+            let result = replay::replay_ticket(pool, &names, &producer, &req).await;
+            producer.shutdown().await;
+            bulk_exit(&result.map_err(replay_error)?, output)?
+        }
     };
-    let result = replay::replay(pool, &names, &producer, &req).await;
-    producer.shutdown().await;
-    let report = result.map_err(replay_error)?;
-    render(&mut std::io::stdout().lock(), args.output, &report)?;
+    Ok(exit)
+}
+
+/// Shows one replay; blocked warns, sent and verified (or a dry run) is ok.
+fn single_exit(report: &ReplayReport, output: OutputFormat) -> Result<Exit> {
+    render(&mut std::io::stdout().lock(), output, report)?;
     Ok(match (report.decision, report.outcome) {
         (ReplayDecision::Blocked, _) => Exit::Warn,
         (ReplayDecision::DryRun, _) | (_, ReplayOutcome::Verified) => Exit::Ok,
         _ => Exit::Failure,
+    })
+}
+
+/// Shows a ticket's replay; a halted run warns, anything not verified fails.
+fn bulk_exit(report: &BulkReport, output: OutputFormat) -> Result<Exit> {
+    render(&mut std::io::stdout().lock(), output, report)?;
+    // An entry without a message_id stays DEAD: the run did not finish the ticket.
+    let all_ok = report.unreplayable.is_empty()
+        && report
+            .entries
+            .iter()
+            .all(|r| r.outcome == ReplayOutcome::Verified || r.decision == ReplayDecision::DryRun);
+    Ok(if report.halted.is_some() {
+        Exit::Warn
+    } else if all_ok {
+        Exit::Ok
+    } else {
+        Exit::Failure
     })
 }

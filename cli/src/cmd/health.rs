@@ -6,8 +6,8 @@ use crate::exit::Exit;
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use seckill_engine::{
-    Alert, AlertState, ClientRuntime, ComponentHealth, Config, HealthState, Observer, alerts,
-    health, view,
+    Alert, AlertState, ClientRuntime, ComponentHealth, Config, HealthState, Observer, Watch,
+    alerts, health,
 };
 use serde::Serialize;
 use std::sync::Arc;
@@ -118,12 +118,10 @@ pub async fn run(args: HealthArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
         if args.components_only {
             return None;
         }
-        let mut o = Observer::new(cfg, rt.clone());
-        let first = o.sample().await;
-        tokio::time::sleep(args.window).await;
-        let second = o.sample().await;
-        o.shutdown().await;
-        Some((first, second))
+        let mut watch = Watch::new(Observer::new(cfg, rt.clone()));
+        let o = watch.over(args.window).await;
+        watch.shutdown().await;
+        Some(o)
     };
     let engine_row = async {
         if args.components_only {
@@ -132,13 +130,13 @@ pub async fn run(args: HealthArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
             Some(health::engine(cfg).await)
         }
     };
-    let (report, engine_row, samples) =
+    let (report, engine_row, observation) =
         tokio::join!(health::check(cfg, rt.clone()), engine_row, sample_twice);
     let mut components = report.components;
     components.extend(engine_row);
     let mut alerts = Vec::new();
-    if let Some((first, second)) = samples {
-        alerts = alerts::evaluate(&cfg.alerts, &view::alert_inputs(Some(&first), &second));
+    if let Some(o) = observation {
+        alerts = o.alerts;
         // The DLQ row of `check` is an alert of its own here.
         components.retain(|c| c.component != "alert: dlq");
     }

@@ -6,8 +6,8 @@
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use seckill_engine::{
-    Advice, BacklogRow, ClientRuntime, Config, Drain, History, Level, Observer, PendingRow, PgView,
-    RATE_SPAN, Sample, ScaleInputs, SourceError, scale, view,
+    Advice, BacklogRow, ClientRuntime, Config, Drain, Level, Observation, Observer, PendingRow,
+    PgView, PoolRow, RATE_SPAN, ScaleInputs, ServerRow, Source, SourceError, Watch,
 };
 use serde::Serialize;
 use std::io::Write;
@@ -70,17 +70,12 @@ pub struct ScaleArgs {
     w: RateWindowArgs,
 }
 
-/// Two samples `window` apart.
-async fn two_samples(
-    cfg: &Config,
-    rt: Arc<ClientRuntime>,
-    window: Duration,
-) -> (Observer, Sample, Sample) {
-    let mut o = Observer::new(cfg, rt);
-    let first = o.sample().await;
-    tokio::time::sleep(window).await;
-    let second = o.sample().await;
-    (o, first, second)
+/// One observation with rates over `window` (two samples that far apart).
+async fn observe(cfg: &Config, rt: Arc<ClientRuntime>, window: Duration) -> Observation {
+    let mut watch = Watch::new(Observer::new(cfg, rt));
+    let o = watch.over(window).await;
+    watch.shutdown().await;
+    o
 }
 
 fn secs(v: Option<f64>) -> String {
@@ -154,31 +149,31 @@ impl Tabular for BacklogReport {
     }
 }
 
-fn backlog_report(args: &BacklogArgs, prev: &Sample, cur: &Sample, o: &Observer) -> BacklogReport {
+fn backlog_report(args: &BacklogArgs, o: &Observation) -> BacklogReport {
     let needle = args.group.as_deref().map(str::to_lowercase);
     BacklogReport {
-        at_ms: cur.at_ms,
-        groups: view::backlog(Some(prev), cur, o.names())
-            .into_iter()
+        at_ms: o.sample.at_ms,
+        groups: o
+            .backlog
+            .iter()
             .filter(|r| {
                 needle
                     .as_deref()
                     .is_none_or(|n| r.group.to_lowercase().contains(n))
             })
+            .cloned()
             .collect(),
-        errors: cur.errors.clone(),
+        errors: o.sample.errors.clone(),
     }
 }
 
 pub async fn backlog(args: BacklogArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
-    let (mut o, mut prev, mut cur) = two_samples(cfg, rt, args.w.window).await;
-    let mut history = History::default();
-    history.push(prev.clone());
-    history.push(cur.clone());
+    let mut watch = Watch::new(Observer::new(cfg, rt));
+    let mut o = watch.over(args.w.window).await;
     loop {
-        let report = backlog_report(&args, &prev, &cur, &o);
+        let report = backlog_report(&args, &o);
         if args.group.is_some() && report.groups.is_empty() && report.errors.is_empty() {
-            o.shutdown().await;
+            watch.shutdown().await;
             anyhow::bail!(crate::exit::UsageError(format!(
                 "no consumer group matches {:?}; `seckillctl backlog` lists them",
                 args.group.as_deref().unwrap_or_default()
@@ -211,12 +206,9 @@ pub async fn backlog(args: BacklogArgs, cfg: &Config, rt: Arc<ClientRuntime>) ->
             _ = tokio::signal::ctrl_c() => break,
             _ = tokio::time::sleep(args.every) => {}
         }
-        cur = o.sample().await;
-        if let Some(base) = history.push(cur.clone()) {
-            prev = base.clone();
-        }
+        o = watch.next().await;
     }
-    o.shutdown().await;
+    watch.shutdown().await;
     Ok(())
 }
 
@@ -281,15 +273,16 @@ impl Tabular for PendingReport {
 }
 
 pub async fn pending(args: WindowArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
-    let mut o = Observer::new(cfg, rt);
-    let s = o.sample().await;
-    o.shutdown().await;
+    let mut watch = Watch::new(Observer::new(cfg, rt));
+    let o = watch.next().await;
+    watch.shutdown().await;
     let report = PendingReport {
-        activities: view::pending(&s),
-        errors: s
+        activities: o.pending,
+        errors: o
+            .sample
             .errors
             .into_iter()
-            .filter(|e| e.source == "redis")
+            .filter(|e| e.source == Source::Redis)
             .collect(),
     };
     render(&mut std::io::stdout().lock(), args.output, &report)
@@ -303,88 +296,17 @@ pub struct PgReport {
 }
 
 impl Tabular for PgReport {
+    /// The engine's side (its pool, then its order transactions), then the
+    /// server's (docs/architecture.md §10.11).
     fn table(&self) -> comfy_table::Table {
         let mut t = new_table(["SIDE", "FIGURE", "VALUE"]);
-        let mut row = |side: &str, k: &str, v: String| {
-            t.add_row([side.to_owned(), k.to_owned(), v]);
-        };
-        match &self.view.pool {
-            Some(p) => {
-                row(
-                    "engine",
-                    "pool size / max",
-                    format!("{} / {}", p.size, p.max),
-                );
-                row("engine", "idle", p.idle.to_string());
-                row("engine", "in use", p.in_use.to_string());
-                row(
-                    "engine",
-                    "acquire wait p95",
-                    format!("{:.1} ms", p.acquire_wait_p95_ms),
-                );
+        for (side, figures) in [
+            ("engine", engine_figures(&self.view)),
+            ("server", server_figures(self.view.server.as_ref())),
+        ] {
+            for (k, v) in figures {
+                t.add_row([side.to_owned(), k.to_owned(), v]);
             }
-            None => row("engine", "pool", "no engine answered (see below)".into()),
-        }
-        row(
-            "engine",
-            "order tx p99",
-            self.view
-                .order_tx_p99_ms
-                .map_or("-".into(), |v| format!("{v:.1} ms")),
-        );
-        match &self.view.server {
-            Some(s) => {
-                row(
-                    "server",
-                    "connections / max",
-                    format!("{} / {}", s.connections, s.max_connections),
-                );
-                row("server", "active", s.active.to_string());
-                row(
-                    "server",
-                    "idle in transaction",
-                    s.idle_in_transaction.to_string(),
-                );
-                row("server", "lock waiters", s.lock_waiters.to_string());
-                row(
-                    "server",
-                    "WAL/IO wait share",
-                    format!("{:.0}%", s.io_wait_share * 100.0),
-                );
-                row("server", "commits", per_s(s.commits_per_s));
-                row(
-                    "server",
-                    "WAL bytes",
-                    s.wal_bytes_per_s
-                        .map_or("-".into(), |b| format!("{:.1} KiB/s", b / 1024.0)),
-                );
-                row(
-                    "server",
-                    "longest transaction",
-                    format!("{:.1} s", s.longest_tx_s),
-                );
-                row(
-                    "server",
-                    "autovacuum",
-                    match s.autovacuum {
-                        Some(true) => "on".into(),
-                        Some(false) => "OFF: dead row versions pile up and plans go stale; \
-                                        ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()"
-                            .into(),
-                        None => "-".into(),
-                    },
-                );
-                row(
-                    "server",
-                    "dead rows (outbox, inbox, orders, reservations)",
-                    format!(
-                        "{} ({:.0}% of versions)",
-                        s.churn_dead_rows,
-                        s.churn_dead_share * 100.0
-                    ),
-                );
-            }
-            None => row("server", "activity", "unreadable (see below)".into()),
         }
         t
     }
@@ -394,15 +316,92 @@ impl Tabular for PgReport {
     }
 }
 
+/// One row of the `pg` table: a figure and its value.
+type Figure = (&'static str, String);
+
+/// The engine's pool, or why it is missing, then its order tx p99.
+fn engine_figures(view: &PgView) -> Vec<Figure> {
+    let mut rows = match &view.pool {
+        Some(p) => pool_figures(p),
+        None => vec![("pool", "no engine answered (see below)".into())],
+    };
+    rows.push((
+        "order tx p99",
+        view.order_tx_p99_ms
+            .map_or("-".into(), |v| format!("{v:.1} ms")),
+    ));
+    rows
+}
+
+fn pool_figures(p: &PoolRow) -> Vec<Figure> {
+    vec![
+        ("pool size / max", format!("{} / {}", p.size, p.max)),
+        ("idle", p.idle.to_string()),
+        ("in use", p.in_use.to_string()),
+        (
+            "acquire wait p95",
+            format!("{:.1} ms", p.acquire_wait_p95_ms),
+        ),
+    ]
+}
+
+/// PostgreSQL's own activity, or one row saying it was unreadable.
+fn server_figures(server: Option<&ServerRow>) -> Vec<Figure> {
+    let Some(s) = server else {
+        return vec![("activity", "unreadable (see below)".into())];
+    };
+    vec![
+        (
+            "connections / max",
+            format!("{} / {}", s.connections, s.max_connections),
+        ),
+        ("active", s.active.to_string()),
+        ("idle in transaction", s.idle_in_transaction.to_string()),
+        ("lock waiters", s.lock_waiters.to_string()),
+        (
+            "WAL/IO wait share",
+            format!("{:.0}%", s.io_wait_share * 100.0),
+        ),
+        ("commits", per_s(s.commits_per_s)),
+        (
+            "WAL bytes",
+            s.wal_bytes_per_s
+                .map_or("-".into(), |b| format!("{:.1} KiB/s", b / 1024.0)),
+        ),
+        ("longest transaction", format!("{:.1} s", s.longest_tx_s)),
+        ("autovacuum", autovacuum(s.autovacuum)),
+        (
+            "dead rows (outbox, inbox, orders, reservations)",
+            format!(
+                "{} ({:.0}% of versions)",
+                s.churn_dead_rows,
+                s.churn_dead_share * 100.0
+            ),
+        ),
+    ]
+}
+
+/// Off is spelled out with its fix: without autovacuum, dead row versions
+/// pile up under every order rewrite.
+fn autovacuum(on: Option<bool>) -> String {
+    match on {
+        Some(true) => "on".into(),
+        Some(false) => "OFF: dead row versions pile up and plans go stale; \
+                        ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()"
+            .into(),
+        None => "-".into(),
+    }
+}
+
 pub async fn pg(args: WindowArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
-    let (o, prev, cur) = two_samples(cfg, rt, args.window).await;
-    o.shutdown().await;
+    let o = observe(cfg, rt, args.window).await;
     let report = PgReport {
-        view: view::pg(Some(&prev), &cur),
-        errors: cur
+        view: o.pg,
+        errors: o
+            .sample
             .errors
             .iter()
-            .filter(|e| e.source == "postgresql" || e.source == "engine")
+            .filter(|e| matches!(e.source, Source::Postgresql | Source::Engine))
             .cloned()
             .collect(),
     };
@@ -505,13 +504,11 @@ pub async fn scale(cmd: ScaleCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resul
     if let Some(v) = args.instances {
         cfg.governor.instances = v.max(1);
     }
-    let (o, prev, cur) = two_samples(&cfg, rt, args.w.window).await;
-    let inputs = view::scale_inputs(Some(&prev), &cur, &cfg, o.names());
-    o.shutdown().await;
+    let o = observe(&cfg, rt, args.w.window).await;
     let report = ScaleReport {
-        advice: scale::advise(&inputs),
-        inputs,
-        errors: cur.errors,
+        advice: o.advice,
+        inputs: o.scale_inputs,
+        errors: o.sample.errors,
     };
     render(&mut std::io::stdout().lock(), args.w.output, &report)
 }

@@ -91,104 +91,121 @@ impl Tabular for OrderAnswer {
 pub async fn run(cmd: OrderCmd, cfg: &Config) -> Result<Exit> {
     let pool = db::connect(cfg).await?;
     let names = Names::new(cfg.topic_prefix.clone());
-    let (answer, exit, output) = match cmd {
+    let ((answer, exit), output) = match cmd {
         OrderCmd::Pay {
             order_id,
             payment_id,
             output,
-        } => {
-            let payment_id = payment_id.unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));
-            if let Err(why) = order::check_payment_id(&payment_id) {
-                return Err(UsageError(format!("--payment-id: {why}")).into());
-            }
-            let out = order::pay(&pool, &names, &order_id, &payment_id).await?;
-            let (exit, hint) = match &out {
-                PayOutcome::Paid { .. } => (
-                    Exit::Ok,
-                    Some("payment won; ORDER_PAID queued in the outbox"),
-                ),
-                PayOutcome::AlreadyPaid { .. } => (
-                    Exit::Ok,
-                    Some("already paid earlier; nothing changed (see payment_id)"),
-                ),
-                PayOutcome::Canceled { .. } => (
-                    Exit::Warn,
-                    Some(
-                        "the cancel won: the order is canceled and its stock went back; refund the payment",
-                    ),
-                ),
-                PayOutcome::WindowClosed { .. } => (
-                    Exit::Warn,
-                    Some("the pay window closed; the delayed cancel will cancel this order"),
-                ),
-                PayOutcome::UnknownOrder => {
-                    return Err(UsageError(format!(
-                        "no order {order_id}; check the id (`seckillctl order show`)"
-                    ))
-                    .into());
-                }
-            };
-            (
-                OrderAnswer {
-                    outcome: out.label().to_owned(),
-                    order: out.order().cloned(),
-                    hint,
-                },
-                exit,
-                output,
-            )
-        }
+        } => (pay(&pool, &names, order_id, payment_id).await?, output),
         OrderCmd::Cancel {
             order_id,
             reason,
             output,
-        } => {
-            let reason = reason.trim();
-            if reason.is_empty() {
-                return Err(UsageError("--reason must not be empty".into()).into());
-            }
-            let reason = format!("OPERATOR: {reason}");
-            match order::cancel(&pool, &names, &order_id, CancelMode::Now, &reason).await? {
-                CancelOutcome::Canceled { order } => (
-                    OrderAnswer {
-                        outcome: "CANCELED".into(),
-                        order: Some(*order),
-                        hint: Some(
-                            "canceled; stock returned in PostgreSQL, Redis release queued in the outbox",
-                        ),
-                    },
-                    Exit::Ok,
-                    output,
-                ),
-                CancelOutcome::NoOp { reason, order } => {
-                    if order.is_none() {
-                        return Err(UsageError(format!("no order {order_id}; check the id")).into());
-                    }
-                    (
-                        OrderAnswer {
-                            outcome: format!("NOOP_{}", reason.as_str()),
-                            order: order.map(|o| *o),
-                            hint: Some("nothing changed: only an unpaid order can be canceled"),
-                        },
-                        Exit::Warn,
-                        output,
-                    )
-                }
-            }
-        }
-        OrderCmd::Show { order_id, output } => match order::get(&pool, &order_id).await? {
-            Some(o) => (
-                OrderAnswer {
-                    outcome: "FOUND".into(),
-                    order: Some(o),
-                    hint: None,
-                },
-                Exit::Ok,
-                output,
-            ),
-            None => return Err(UsageError(format!("no order {order_id}; check the id")).into()),
-        },
+        } => (cancel(&pool, &names, order_id, &reason).await?, output),
+        OrderCmd::Show { order_id, output } => (show(&pool, order_id).await?, output),
     };
     render(&mut std::io::stdout().lock(), output, &answer)?;
     Ok(exit)
+}
+
+/// `order pay`: the conditional payment of docs/architecture.md §8.4.
+async fn pay(
+    pool: &db::PgPool,
+    names: &Names,
+    order_id: OrderId,
+    payment_id: Option<String>,
+) -> Result<(OrderAnswer, Exit)> {
+    let payment_id = payment_id.unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));
+    if let Err(why) = order::check_payment_id(&payment_id) {
+        return Err(UsageError(format!("--payment-id: {why}")).into());
+    }
+    let out = order::pay(pool, names, &order_id, &payment_id).await?;
+    let Some((exit, hint)) = pay_verdict(&out) else {
+        return Err(UsageError(format!(
+            "no order {order_id}; check the id (`seckillctl order show`)"
+        ))
+        .into());
+    };
+    let answer = OrderAnswer {
+        outcome: out.label().to_owned(),
+        order: out.order().cloned(),
+        hint: Some(hint),
+    };
+    Ok((answer, exit))
+}
+
+/// The exit code and hint of a payment's outcome; `None` for an unknown
+/// order, a usage error (pure). Losing to the cancel warns: the payment
+/// side must refuse or refund (docs/architecture.md §8.4).
+fn pay_verdict(out: &PayOutcome) -> Option<(Exit, &'static str)> {
+    Some(match out {
+        PayOutcome::Paid { .. } => (Exit::Ok, "payment won; ORDER_PAID queued in the outbox"),
+        PayOutcome::AlreadyPaid { .. } => (
+            Exit::Ok,
+            "already paid earlier; nothing changed (see payment_id)",
+        ),
+        PayOutcome::Canceled { .. } => (
+            Exit::Warn,
+            "the cancel won: the order is canceled and its stock went back; refund the payment",
+        ),
+        PayOutcome::WindowClosed { .. } => (
+            Exit::Warn,
+            "the pay window closed; the delayed cancel will cancel this order",
+        ),
+        PayOutcome::UnknownOrder => return None,
+    })
+}
+
+/// `order cancel`: an operator cancel, now, on the delayed cancel's path
+/// (docs/architecture.md §8.3).
+async fn cancel(
+    pool: &db::PgPool,
+    names: &Names,
+    order_id: OrderId,
+    reason: &str,
+) -> Result<(OrderAnswer, Exit)> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(UsageError("--reason must not be empty".into()).into());
+    }
+    let reason = format!("OPERATOR: {reason}");
+    match order::cancel(pool, names, &order_id, CancelMode::Now, &reason).await? {
+        CancelOutcome::Canceled { order } => Ok((
+            OrderAnswer {
+                outcome: "CANCELED".into(),
+                order: Some(*order),
+                hint: Some(
+                    "canceled; stock returned in PostgreSQL, Redis release queued in the outbox",
+                ),
+            },
+            Exit::Ok,
+        )),
+        CancelOutcome::NoOp { order: None, .. } => {
+            Err(UsageError(format!("no order {order_id}; check the id")).into())
+        }
+        CancelOutcome::NoOp {
+            reason,
+            order: Some(order),
+        } => Ok((
+            OrderAnswer {
+                outcome: format!("NOOP_{}", reason.as_str()),
+                order: Some(*order),
+                hint: Some("nothing changed: only an unpaid order can be canceled"),
+            },
+            Exit::Warn,
+        )),
+    }
+}
+
+/// `order show`.
+async fn show(pool: &db::PgPool, order_id: OrderId) -> Result<(OrderAnswer, Exit)> {
+    let Some(o) = order::get(pool, &order_id).await? else {
+        return Err(UsageError(format!("no order {order_id}; check the id")).into());
+    };
+    let answer = OrderAnswer {
+        outcome: "FOUND".into(),
+        order: Some(o),
+        hint: None,
+    };
+    Ok((answer, Exit::Ok))
 }

@@ -3,6 +3,7 @@
 //! handlers do.
 
 use crate::domain::ids::{MessageId, OrderId, ReservationId};
+use crate::ops::reservation_status::ReservationStatus;
 use crate::pipeline::order::OrderRow;
 use serde::{Deserialize, Serialize};
 
@@ -34,7 +35,7 @@ pub struct ApiError {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusView {
     pub reservation_id: ReservationId,
-    pub status: String,
+    pub status: ReservationStatus,
 }
 
 /// `POST /v1/orders/{id}/pay`.

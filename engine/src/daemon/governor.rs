@@ -10,10 +10,10 @@
 
 use crate::config::Config;
 use crate::decide::admission::{Admission, Gate, Transition};
-use crate::decide::alerts::{self, Alert};
-use crate::decide::scale::{self, Advice};
+use crate::decide::alerts::Alert;
+use crate::decide::scale::Advice;
 use crate::domain::stats::{ConsumeStats, Counter, GovernorView};
-use crate::observe::{History, Observer, Sample, view};
+use crate::observe::{Observer, Sample, Watch};
 use crate::pipeline::concurrency::{self, Limiter, Signals};
 use serde::Serialize;
 use std::sync::{Arc, RwLock};
@@ -156,40 +156,32 @@ impl Governor {
 /// Runs the governor until `cancel`. `fill` adds the engine's own figures
 /// to each sample (it is the engine: nothing to fetch over HTTP).
 pub fn spawn(
-    mut observer: Observer,
+    observer: Observer,
     governor: Arc<Governor>,
     consume: Arc<ConsumeStats>,
     fill: impl Fn() -> crate::domain::stats::StatsView + Send + 'static,
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) {
-    let cfg = observer.config().clone();
-    let every = Duration::from_millis(cfg.governor.interval_ms.max(100));
+    let every = Duration::from_millis(observer.config().governor.interval_ms.max(100));
+    let mut watch = Watch::new(observer);
     tracker.spawn(async move {
-        let mut history = History::default();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(every) => {}
             }
             governor.adapt(&consume);
-            let mut sample = observer.sample().await;
-            sample.engine = Some(fill());
-            let names = observer.names().clone();
-            let base = history.push(sample.clone());
-            let advice = scale::advise(&view::scale_inputs(base, &sample, &cfg, &names));
-            // A blind tick (the broker or Redis unreadable) must not open
-            // or close the gate on made-up zeros.
-            if sample.error("rocketmq").is_none() && sample.error("redis").is_none() {
-                governor.observe(&advice, sample.at_ms);
+            let o = watch.next_with(Some(fill())).await;
+            if o.sighted() {
+                governor.observe(&o.advice, o.sample.at_ms);
             }
-            let alerts = alerts::evaluate(&cfg.alerts, &view::alert_inputs(base, &sample));
             governor.store(Tick {
-                sample,
-                advice,
-                alerts,
+                sample: o.sample,
+                advice: o.advice,
+                alerts: o.alerts,
             });
         }
-        observer.shutdown().await;
+        watch.shutdown().await;
     });
 }

@@ -159,7 +159,11 @@ async fn reservation_status(State(state): State<AppState>, Path(id): Path<String
             "UNKNOWN_RESERVATION",
             format!("no reservation {id}"),
         ),
-        Err(e) => reject(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", e),
+        Err(e) => reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            e.to_string(),
+        ),
     }
 }
 

@@ -5,23 +5,24 @@
 //!
 //! Like mini-redis, [`run`] takes the listener and a `shutdown` future, so
 //! the binary decides what stops it (SIGTERM, Ctrl-C) and tests can stop it
-//! on demand. Shutdown order: stop admitting (readiness off, HTTP drains),
-//! stop pulling and let in-flight consumer batches finish (a batch is only
-//! ACKed after its transaction commits, so nothing unfinished is ACKed),
-//! flush the publisher, then stop the producer.
+//! on demand. Every component is started in [`start`], in order, into a
+//! [`Parts`] stack; shutdown first stops admitting (readiness off, HTTP
+//! drains), then stops the parts in reverse order (see `parts` for why that
+//! order is safe). A start that fails halfway stops what it had started.
 
 pub mod api;
 pub mod governor;
 pub mod http;
+mod loops;
 pub mod metrics;
+mod parts;
 
 use crate::config::Config;
-use crate::config::LifecycleConfig;
 use crate::daemon::governor::Governor;
 use crate::daemon::http::{AppState, router};
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats};
 use crate::mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
-use crate::mq::{ConsumerSpec, Names, TopicKind};
+use crate::mq::{ConsumerSpec, Handler, Names, TopicKind};
 use crate::observe::Observer;
 use crate::pipeline::consume::OrderConsumer;
 use crate::pipeline::ingress::Ingress;
@@ -30,6 +31,8 @@ use crate::pipeline::{outbox, publish, scan};
 use crate::reservation::ReservationStore;
 use crate::runtime::ClientRuntime;
 use crate::store::{db, redis as redis_conn};
+use parts::{Part, Parts};
+use sqlx::PgPool;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,55 +64,193 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let pool = db::connect(&cfg).await?;
-    let redis = redis_conn::connect(&cfg).await?;
-    let store = ReservationStore::new(redis, cfg.redis_prefix.clone());
-    let names = Names::new(cfg.topic_prefix.clone());
+    let mut parts = Parts::default();
+    let served = match start(&cfg, &rt, &mut parts).await {
+        Ok(started) => serve(listener, started, shutdown).await,
+        Err(e) => Err(e),
+    };
+    parts.stop_all().await;
+    served
+}
+
+/// What [`start`] hands to the HTTP surface.
+struct Started {
+    state: AppState,
+    /// Cancelled on shutdown: readiness off, HTTP drains, loops stop.
+    cancel: CancellationToken,
+    ready: Arc<AtomicBool>,
+}
+
+/// Shared by every component [`start`] builds.
+struct Ctx<'a> {
+    cfg: &'a Config,
+    rt: &'a Arc<ClientRuntime>,
+    names: Names,
+    pool: PgPool,
+    store: ReservationStore,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl Ctx<'_> {
+    async fn consumer<H: Handler>(
+        &self,
+        parts: &mut Parts,
+        name: &'static str,
+        spec: &ConsumerSpec,
+        handler: H,
+    ) -> Result<(), DaemonError> {
+        let consumer = RocketConsumer::start(
+            self.rt.clone(),
+            &self.cfg.namesrv_addr,
+            spec,
+            Arc::new(handler),
+        )
+        .await?;
+        parts.started(Part::Consumer {
+            name,
+            consumer: Box::new(consumer),
+        });
+        Ok(())
+    }
+
+    /// The lifecycle consumers' spec: small batches, few threads (§8).
+    fn small_spec(&self, kind: TopicKind) -> ConsumerSpec {
+        let mut spec = ConsumerSpec::new(self.names.group(kind), self.names.topic(kind));
+        spec.threads = self.cfg.lifecycle.consumer_threads.max(1);
+        spec.batch_max = 16;
+        spec.max_reconsume_times = self.cfg.mq.max_reconsume_times;
+        spec
+    }
+}
+
+/// Every component, in start order: the stores, the producer, the loops,
+/// the order path, the lifecycle after it, then the governors.
+async fn start(
+    cfg: &Config,
+    rt: &Arc<ClientRuntime>,
+    parts: &mut Parts,
+) -> Result<Started, DaemonError> {
+    let pool = db::connect(cfg).await?;
+    parts.started(Part::Pool(pool.clone()));
+    let redis = redis_conn::connect(cfg).await?;
+    let ctx = Ctx {
+        cfg,
+        rt,
+        names: Names::new(cfg.topic_prefix.clone()),
+        store: ReservationStore::new(redis, cfg.redis_prefix.clone()),
+        pool,
+        tracker: TaskTracker::new(),
+        cancel: CancellationToken::new(),
+    };
     let send_timeout = Duration::from_millis(cfg.mq.send_timeout_ms);
     let producer = RocketProducer::start(
         rt.clone(),
         &cfg.namesrv_addr,
-        &names.producer_group(),
+        &ctx.names.producer_group(),
         send_timeout,
         cfg.mq.send_retries,
     )
     .await?;
-    let stats = Arc::new(PublishStats::default());
-    let tracker = TaskTracker::new();
-    let cancel = CancellationToken::new();
-    let topic = names.topic(TopicKind::OrderCreate);
+    parts.started(Part::Producer(producer.clone()));
+    parts.started(Part::Loops {
+        tracker: ctx.tracker.clone(),
+        cancel: ctx.cancel.clone(),
+    });
 
+    let stats = Arc::new(PublishStats::default());
+    let publisher = start_senders(&ctx, &producer, send_timeout, &stats);
+    let governor = Governor::new(cfg);
+    let consume = Arc::new(ConsumeStats::default());
+    let queues = start_order_consumer(&ctx, parts, &governor, &consume).await?;
+    let lifecycle = Arc::new(LifecycleStats::default());
+    start_lifecycle(&ctx, parts, &producer, send_timeout, &lifecycle, &consume).await?;
+    start_safety_nets(&ctx, &lifecycle).await?;
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let consuming = Arc::new(AtomicBool::new(false));
+    tokio::spawn(loops::wait_for_queues(
+        queues,
+        consuming.clone(),
+        ctx.cancel.clone(),
+    ));
+    let state = AppState {
+        ingress: Ingress::new(
+            ctx.store.clone(),
+            ctx.pool.clone(),
+            publisher,
+            cfg.scanner.first_retry_after_ms as i64,
+        ),
+        store: ctx.store.clone(),
+        pool: ctx.pool.clone(),
+        stats,
+        lifecycle,
+        consume: consume.clone(),
+        governor: governor.clone(),
+        names: ctx.names.clone(),
+        ready: ready.clone(),
+        consuming,
+    };
+    start_governor(&ctx, &state, governor, consume).await?;
+    Ok(Started {
+        state,
+        cancel: ctx.cancel,
+        ready,
+    })
+}
+
+/// The publisher (ingress's bounded sends, §6.3) and the scanner that
+/// re-sends what it could not (§6.5).
+fn start_senders(
+    ctx: &Ctx<'_>,
+    producer: &RocketProducer,
+    send_timeout: Duration,
+    stats: &Arc<PublishStats>,
+) -> publish::Publisher {
+    let topic = ctx.names.topic(TopicKind::OrderCreate);
     let publisher = publish::spawn(
         publish::PublisherDeps {
             producer: producer.clone(),
-            store: store.clone(),
-            pool: pool.clone(),
+            store: ctx.store.clone(),
+            pool: ctx.pool.clone(),
             topic: topic.clone(),
             send_timeout,
             stats: stats.clone(),
-            hand_over_after: Duration::from_millis(cfg.scanner.first_retry_after_ms),
+            hand_over_after: Duration::from_millis(ctx.cfg.scanner.first_retry_after_ms),
         },
-        &cfg.publisher,
-        &tracker,
+        &ctx.cfg.publisher,
+        &ctx.tracker,
     );
     scan::spawn(
         scan::ScannerDeps {
             producer: producer.clone(),
-            store: store.clone(),
-            pool: pool.clone(),
-            topic: topic.clone(),
+            store: ctx.store.clone(),
+            pool: ctx.pool.clone(),
+            topic,
             send_timeout,
             stats: stats.clone(),
             owner: instance_id(),
-            batch_max: cfg.publisher.batch_max,
-            in_flight: cfg.publisher.in_flight,
+            batch_max: ctx.cfg.publisher.batch_max,
+            in_flight: ctx.cfg.publisher.in_flight,
         },
-        cfg.scanner.clone(),
-        &tracker,
-        cancel.clone(),
+        ctx.cfg.scanner.clone(),
+        &ctx.tracker,
+        ctx.cancel.clone(),
     );
+    publisher
+}
 
-    let mut spec = ConsumerSpec::new(names.group(TopicKind::OrderCreate), topic);
+/// The order-create consumer (§7). Returns the watch that turns true once
+/// it has queues, which `/readyz` waits for.
+async fn start_order_consumer(
+    ctx: &Ctx<'_>,
+    parts: &mut Parts,
+    governor: &Governor,
+    consume: &Arc<ConsumeStats>,
+) -> Result<tokio::sync::watch::Receiver<bool>, DaemonError> {
+    let cfg = ctx.cfg;
+    let kind = TopicKind::OrderCreate;
+    let mut spec = ConsumerSpec::new(ctx.names.group(kind), ctx.names.topic(kind));
     spec.threads = cfg.consumer_threads();
     if spec.threads < cfg.consumer.threads {
         tracing::warn!(
@@ -124,133 +265,123 @@ pub async fn run(
     let (assigned, queues) = tokio::sync::watch::channel(false);
     spec.assigned = Some(assigned);
     // The governor's limiter gates each order transaction inside the
-    // budget the listener threads already respect (docs/architecture.md §10).
-    let consume_stats = Arc::new(ConsumeStats::default());
-    let governor = Governor::new(&cfg);
-    let consumer = RocketConsumer::start(
-        rt.clone(),
-        &cfg.namesrv_addr,
-        &spec,
-        Arc::new(
-            OrderConsumer::new(pool.clone(), names.clone())
-                .with_stats(consume_stats.clone())
-                .with_limiter(governor.limiter.clone()),
-        ),
-    )
-    .await?;
+    // budget the listener threads already respect (docs/architecture.md §10.10).
+    let handler = OrderConsumer::new(ctx.pool.clone(), ctx.names.clone())
+        .with_stats(consume.clone())
+        .with_limiter(governor.limiter.clone());
+    ctx.consumer(parts, "order consumer", &spec, handler)
+        .await?;
+    Ok(queues)
+}
 
-    // After the order (docs/architecture.md §8): outbox → cancel, compensation, projection.
-    let lifecycle = Arc::new(LifecycleStats::default());
+/// After the order (docs/architecture.md §8): the outbox, then the cancel,
+/// compensation and projection consumers it feeds.
+async fn start_lifecycle(
+    ctx: &Ctx<'_>,
+    parts: &mut Parts,
+    producer: &RocketProducer,
+    send_timeout: Duration,
+    lifecycle: &Arc<LifecycleStats>,
+    consume: &Arc<ConsumeStats>,
+) -> Result<(), DaemonError> {
     outbox::spawn(
         outbox::OutboxDeps {
             producer: producer.clone(),
-            pool: pool.clone(),
+            pool: ctx.pool.clone(),
             send_timeout,
             stats: lifecycle.clone(),
-            orders: Some(consume_stats.clone()),
+            orders: Some(consume.clone()),
         },
-        cfg.outbox.clone(),
-        &tracker,
-        cancel.clone(),
+        ctx.cfg.outbox.clone(),
+        &ctx.tracker,
+        ctx.cancel.clone(),
     );
-    let small = |kind: TopicKind| {
-        let mut spec = ConsumerSpec::new(names.group(kind), names.topic(kind));
-        spec.threads = cfg.lifecycle.consumer_threads.max(1);
-        spec.batch_max = 16;
-        spec.max_reconsume_times = cfg.mq.max_reconsume_times;
-        spec
-    };
-    let cancel_consumer = RocketConsumer::start(
-        rt.clone(),
-        &cfg.namesrv_addr,
-        &small(TopicKind::OrderTimeout),
-        Arc::new(CancelConsumer::new(
-            pool.clone(),
-            names.clone(),
-            lifecycle.clone(),
-        )),
-    )
-    .await?;
-    let compensation_consumer = RocketConsumer::start(
-        rt.clone(),
-        &cfg.namesrv_addr,
-        &small(TopicKind::InventoryCompensate),
-        Arc::new(CompensationConsumer::new(
-            pool.clone(),
-            store.clone(),
-            &names,
-            lifecycle.clone(),
-        )),
-    )
-    .await?;
-    let projection_consumer = RocketConsumer::start(
-        rt.clone(),
-        &cfg.namesrv_addr,
-        &small(TopicKind::OrderEvent),
-        Arc::new(ProjectionConsumer::new(
-            pool.clone(),
-            store.clone(),
-            &names,
-            lifecycle.clone(),
-        )),
-    )
-    .await?;
-    let admin = RocketAdmin::start(rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?;
-    spawn_governor(
+    let (pool, store, names) = (&ctx.pool, &ctx.store, &ctx.names);
+    let cancel = CancelConsumer::new(pool.clone(), names.clone(), lifecycle.clone());
+    let spec = ctx.small_spec(TopicKind::OrderTimeout);
+    ctx.consumer(parts, "cancel consumer", &spec, cancel)
+        .await?;
+    let compensation =
+        CompensationConsumer::new(pool.clone(), store.clone(), names, lifecycle.clone());
+    let spec = ctx.small_spec(TopicKind::InventoryCompensate);
+    ctx.consumer(parts, "compensation consumer", &spec, compensation)
+        .await?;
+    let projection = ProjectionConsumer::new(pool.clone(), store.clone(), names, lifecycle.clone());
+    let spec = ctx.small_spec(TopicKind::OrderEvent);
+    ctx.consumer(parts, "projection consumer", &spec, projection)
+        .await
+}
+
+/// The DLQ mirror with its webhook (§9.1) and the sweeps that settle
+/// what the broker's timers and the consumers missed (§8).
+async fn start_safety_nets(
+    ctx: &Ctx<'_>,
+    lifecycle: &Arc<LifecycleStats>,
+) -> Result<(), DaemonError> {
+    let cfg = ctx.cfg;
+    let admin = RocketAdmin::start(ctx.rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?;
+    loops::spawn_dlq_governor(
         admin,
-        pool.clone(),
-        names.clone(),
+        ctx.pool.clone(),
+        ctx.names.clone(),
         cfg.dlq.webhook_url.clone(),
         Duration::from_millis(cfg.dlq.mirror_interval_ms.max(100)),
-        &tracker,
-        cancel.clone(),
+        &ctx.tracker,
+        ctx.cancel.clone(),
     );
-    spawn_sweeps(
-        pool.clone(),
-        store.clone(),
-        names.clone(),
+    loops::spawn_sweeps(
+        ctx.pool.clone(),
+        ctx.store.clone(),
+        ctx.names.clone(),
         cfg.lifecycle.clone(),
         lifecycle.clone(),
-        &tracker,
-        cancel.clone(),
+        &ctx.tracker,
+        ctx.cancel.clone(),
     );
+    Ok(())
+}
 
-    let ready = Arc::new(AtomicBool::new(true));
-    let consuming = Arc::new(AtomicBool::new(false));
-    tokio::spawn(wait_for_queues(queues, consuming.clone(), cancel.clone()));
-    let state = AppState {
-        ingress: Ingress::new(
-            store.clone(),
-            pool.clone(),
-            publisher,
-            cfg.scanner.first_retry_after_ms as i64,
-        ),
-        store: store.clone(),
-        pool: pool.clone(),
-        stats,
-        lifecycle,
-        consume: consume_stats.clone(),
-        governor: governor.clone(),
-        names: names.clone(),
-        ready: ready.clone(),
-        consuming,
-    };
+/// The backlog governor (§10): samples with its own broker admin and the
+/// engine's pool and store, and reads the engine's figures in-process.
+async fn start_governor(
+    ctx: &Ctx<'_>,
+    state: &AppState,
+    governor: Arc<Governor>,
+    consume: Arc<ConsumeStats>,
+) -> Result<(), DaemonError> {
+    let cfg = ctx.cfg;
+    let admin = RocketAdmin::start(ctx.rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?;
     let observer = Observer::with_parts(
-        &cfg,
-        rt.clone(),
-        pool.clone(),
-        store,
-        RocketAdmin::start(rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?,
+        cfg,
+        ctx.rt.clone(),
+        ctx.pool.clone(),
+        ctx.store.clone(),
+        admin,
     );
     let view_of = state.clone();
-    crate::daemon::governor::spawn(
+    governor::spawn(
         observer,
         governor,
-        consume_stats,
+        consume,
         move || view_of.stats_view(),
-        &tracker,
-        cancel.clone(),
+        &ctx.tracker,
+        ctx.cancel.clone(),
     );
+    Ok(())
+}
+
+/// Serves HTTP until `shutdown`, then turns readiness off and lets the
+/// open requests finish.
+async fn serve(
+    listener: TcpListener,
+    started: Started,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let Started {
+        state,
+        cancel,
+        ready,
+    } = started;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "engine serving");
     let stop = cancel.clone();
@@ -260,140 +391,8 @@ pub async fn run(
         ready.store(false, Ordering::Relaxed);
         stop.cancel();
     });
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(cancel.clone().cancelled_owned())
-        .await;
-
-    consumer.shutdown().await;
-    cancel_consumer.shutdown().await;
-    compensation_consumer.shutdown().await;
-    projection_consumer.shutdown().await;
-    tracker.close();
-    tracker.wait().await;
-    producer.shutdown().await;
-    pool.close().await;
-    served?;
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await?;
     Ok(())
-}
-
-/// The safety nets of docs/architecture.md §8: overdue unpaid orders and stale
-/// compensation tasks, settled by the same code the consumers run.
-fn spawn_sweeps(
-    pool: sqlx::PgPool,
-    store: ReservationStore,
-    names: Names,
-    cfg: LifecycleConfig,
-    stats: Arc<LifecycleStats>,
-    tracker: &TaskTracker,
-    cancel: CancellationToken,
-) {
-    const LIMIT: i64 = 500;
-    tracker.spawn(async move {
-        let every = Duration::from_millis(cfg.sweep_interval_ms.max(100));
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(every) => {}
-            }
-            // Drain while passes come back full: after a large sale the
-            // broker's timer may deliver the cancels far too slowly (see
-            // LifecycleConfig::cancel_grace_ms), and then this is the path.
-            let grace = Duration::from_millis(cfg.cancel_grace_ms);
-            drain("cancel sweep", LIMIT, &cancel, || {
-                crate::pipeline::lifecycle::cancel::sweep_once(&pool, &names, grace, LIMIT, &stats)
-            })
-            .await;
-            let grace = Duration::from_millis(cfg.compensation_grace_ms);
-            drain("compensation sweep", LIMIT, &cancel, || {
-                crate::pipeline::lifecycle::compensate::sweep_once(
-                    &pool, &store, grace, LIMIT, &stats,
-                )
-            })
-            .await;
-        }
-    });
-}
-
-/// Runs `pass` again while it settles a full batch (and the daemon is not
-/// stopping); a failed pass waits for the next interval.
-async fn drain<F, Fut, E>(what: &str, limit: i64, cancel: &CancellationToken, mut pass: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<usize, E>>,
-    E: std::fmt::Display,
-{
-    loop {
-        match pass().await {
-            Ok(n) if n as i64 >= limit && !cancel.is_cancelled() => continue,
-            Ok(_) => break,
-            Err(e) => {
-                tracing::warn!(error = %e, "{what} failed; retrying next interval");
-                break;
-            }
-        }
-    }
-}
-
-/// The DLQ governor (docs/architecture.md §9.1): mirrors every seckill group's DLQ
-/// into `dlq_messages` and tickets, every `every`.
-fn spawn_governor(
-    admin: RocketAdmin,
-    pool: sqlx::PgPool,
-    names: Names,
-    webhook: Option<String>,
-    every: Duration,
-    tracker: &TaskTracker,
-    cancel: CancellationToken,
-) {
-    let http = reqwest::Client::new();
-    tracker.spawn(async move {
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(every) => {}
-            }
-            if let Err(e) = crate::dlq::mirror_once(&admin, &pool, &names).await {
-                tracing::warn!(error = %e, "DLQ mirror pass failed; retrying next interval");
-            }
-            if let Some(url) = &webhook
-                && let Err(e) = crate::dlq::webhook::deliver_pending(&pool, &http, url).await
-            {
-                tracing::warn!(error = %e, "ticket webhook pass failed; retrying next interval");
-            }
-        }
-        admin.shutdown().await;
-    });
-}
-
-/// How long `/readyz` waits for the order consumer's first queues.
-const QUEUE_WAIT: Duration = Duration::from_secs(10);
-
-/// Raises `consuming` once the order consumer has queues, so `/readyz` says
-/// ready only when reservations accepted now are also pulled now. The first
-/// rebalance after a start takes a second or two; a burst let in before it
-/// waits in the broker that long, which was most of the demo's end-to-end
-/// latency (issue 3). An instance can stay without queues when the group has
-/// more consumers than the topic has queues; ingress does not need them, so
-/// after [`QUEUE_WAIT`] it is ready anyway, with a warning.
-async fn wait_for_queues(
-    mut queues: tokio::sync::watch::Receiver<bool>,
-    consuming: Arc<AtomicBool>,
-    cancel: CancellationToken,
-) {
-    let since = tokio::time::Instant::now();
-    tokio::select! {
-        _ = cancel.cancelled() => return,
-        got = tokio::time::timeout(QUEUE_WAIT, queues.wait_for(|has| *has)) => match got {
-            Ok(Ok(_)) => tracing::info!(
-                after_ms = since.elapsed().as_millis() as u64,
-                "the order consumer has its queues"
-            ),
-            // Timed out, or the consumer (and its listener) is gone.
-            _ => tracing::warn!(
-                "the order consumer has no queues after {} s (more consumers in the group than queues?); ready anyway",
-                since.elapsed().as_secs()
-            ),
-        },
-    }
-    consuming.store(true, Ordering::Release);
 }

@@ -138,105 +138,167 @@ fn alert(
     }
 }
 
-pub fn evaluate(c: &AlertConfig, i: &AlertInputs) -> Vec<Alert> {
-    let secs = |v: f64| format!("{v:.1} s");
-    let ms = |v: f64| format!("{v:.1} ms");
-    let pct = |v: f64| format!("{:.3}%", v * 100.0);
-    let pct_t = |t: &Thresholds| format!("> {}% / > {}%", t.warn * 100.0, t.critical * 100.0);
-    let dlq_state = |dead: f64| match (dead, i.dlq_oldest_age_s) {
-        (d, _) if d <= 0.0 => AlertState::Ok,
-        (_, Some(age)) if age > c.dlq_unresolved_s => AlertState::Critical,
-        _ => AlertState::Warn,
-    };
-    let expiring_state = |n: f64| match i.expiring_before {
-        _ if n <= 0.0 => AlertState::Ok,
-        Some(before) if n > before as f64 => AlertState::Critical,
-        _ => AlertState::Warn,
-    };
-    vec![
-        alert(
-            "reservation_mq_pending_oldest_age_seconds",
-            "runbooks/pending-oldest-age.md",
-            format!(
-                "> {} s / > {} s",
-                c.pending_oldest_age_s.warn, c.pending_oldest_age_s.critical
-            ),
-            i.pending_oldest_age_s,
-            secs,
-            |v| by(&c.pending_oldest_age_s, v),
-        ),
-        alert(
-            "mq_consumer_lag_seconds",
-            "runbooks/consumer-lag.md",
-            format!(
-                "> {} s / > {} s",
-                c.consumer_lag_s.warn, c.consumer_lag_s.critical
-            ),
-            i.consumer_lag_s,
-            secs,
-            |v| by(&c.consumer_lag_s, v),
-        ),
-        alert(
-            "mq_publish_unknown_ratio",
-            "runbooks/send-unknown.md",
-            pct_t(&c.send_unknown_ratio),
-            i.send_unknown.map(Ratio::value),
-            pct,
-            |v| by(&c.send_unknown_ratio, v),
-        ),
-        alert(
-            "mq_ack_failure_ratio",
-            "runbooks/ack-failure.md",
-            pct_t(&c.ack_failure_ratio),
-            i.ack_failure.map(Ratio::value),
-            pct,
-            |v| by(&c.ack_failure_ratio, v),
-        ),
-        alert(
-            "mq_dlq_messages",
-            "runbooks/dlq.md",
-            format!("> 0 / unresolved > {} s", c.dlq_unresolved_s),
-            i.dlq_dead.map(|d| d as f64),
-            |v| match i.dlq_oldest_age_s {
-                Some(age) if v > 0.0 => format!("{v} dead, oldest {age:.0} s"),
-                _ => format!("{v} dead"),
-            },
-            dlq_state,
-        ),
-        alert(
-            "pg_pool_wait_seconds_p95",
-            "runbooks/pg-pool-wait.md",
-            format!(
-                "> {} ms / > {} ms",
-                c.pool_wait_p95_ms.warn, c.pool_wait_p95_ms.critical
-            ),
-            i.pool_wait_p95_ms,
-            ms,
-            |v| by(&c.pool_wait_p95_ms, v),
-        ),
-        alert(
-            "order_tx_latency_seconds_p99",
-            "runbooks/order-tx-latency.md",
-            format!(
-                "> {} ms / > {} ms",
-                c.order_tx_p99_ms.warn, c.order_tx_p99_ms.critical
-            ),
-            i.order_tx_p99_ms,
-            ms,
-            |v| by(&c.order_tx_p99_ms, v),
-        ),
-        alert(
-            "reservation_expiring_unconsumed",
-            "runbooks/expiring-reservations.md",
-            format!(
+/// How one rule turns its value into a state, and how it shows the value
+/// and its thresholds to people.
+#[derive(Clone, Copy)]
+enum Judge {
+    /// Strictly above the configured warn / critical (docs/architecture.md §11.2).
+    Above(fn(&AlertConfig) -> &Thresholds, Unit),
+    /// Any dead message warns; one unresolved past `dlq_unresolved_s` is
+    /// critical.
+    Dlq,
+    /// Any expiring reservation warns; more than in the previous sample is
+    /// critical.
+    Expiring,
+}
+
+/// The unit a [`Judge::Above`] value and its thresholds are shown in.
+#[derive(Clone, Copy)]
+enum Unit {
+    Seconds,
+    Millis,
+    /// A ratio (0.001) shown as a percentage (0.100%).
+    Percent,
+}
+
+/// One alert of docs/architecture.md §11.2: the metric it watches, its
+/// runbook, where its value comes from, and how that value is judged.
+struct Rule {
+    metric: &'static str,
+    runbook: &'static str,
+    /// `None` when the source was unreadable: the alert shows "no data".
+    read: fn(&AlertInputs) -> Option<f64>,
+    judge: Judge,
+}
+
+/// The alerts, in the order every surface lists them (the §11.2 table's).
+const RULES: [Rule; 8] = [
+    Rule {
+        metric: "reservation_mq_pending_oldest_age_seconds",
+        runbook: "runbooks/pending-oldest-age.md",
+        read: |i| i.pending_oldest_age_s,
+        judge: Judge::Above(|c| &c.pending_oldest_age_s, Unit::Seconds),
+    },
+    Rule {
+        metric: "mq_consumer_lag_seconds",
+        runbook: "runbooks/consumer-lag.md",
+        read: |i| i.consumer_lag_s,
+        judge: Judge::Above(|c| &c.consumer_lag_s, Unit::Seconds),
+    },
+    Rule {
+        metric: "mq_publish_unknown_ratio",
+        runbook: "runbooks/send-unknown.md",
+        read: |i| i.send_unknown.map(Ratio::value),
+        judge: Judge::Above(|c| &c.send_unknown_ratio, Unit::Percent),
+    },
+    Rule {
+        metric: "mq_ack_failure_ratio",
+        runbook: "runbooks/ack-failure.md",
+        read: |i| i.ack_failure.map(Ratio::value),
+        judge: Judge::Above(|c| &c.ack_failure_ratio, Unit::Percent),
+    },
+    Rule {
+        metric: "mq_dlq_messages",
+        runbook: "runbooks/dlq.md",
+        read: |i| i.dlq_dead.map(|d| d as f64),
+        judge: Judge::Dlq,
+    },
+    Rule {
+        metric: "pg_pool_wait_seconds_p95",
+        runbook: "runbooks/pg-pool-wait.md",
+        read: |i| i.pool_wait_p95_ms,
+        judge: Judge::Above(|c| &c.pool_wait_p95_ms, Unit::Millis),
+    },
+    Rule {
+        metric: "order_tx_latency_seconds_p99",
+        runbook: "runbooks/order-tx-latency.md",
+        read: |i| i.order_tx_p99_ms,
+        judge: Judge::Above(|c| &c.order_tx_p99_ms, Unit::Millis),
+    },
+    Rule {
+        metric: "reservation_expiring_unconsumed",
+        runbook: "runbooks/expiring-reservations.md",
+        read: |i| i.expiring.map(|n| n as f64),
+        judge: Judge::Expiring,
+    },
+];
+
+impl Unit {
+    /// A value as people read it: "1.5 s", "20.0 ms", "0.200%".
+    fn show(self, v: f64) -> String {
+        match self {
+            Unit::Seconds => format!("{v:.1} s"),
+            Unit::Millis => format!("{v:.1} ms"),
+            Unit::Percent => format!("{:.3}%", v * 100.0),
+        }
+    }
+
+    /// Thresholds as people read them: "> 1 s / > 3 s", "> 0.1% / > 1%".
+    fn show_thresholds(self, t: &Thresholds) -> String {
+        match self {
+            Unit::Seconds => format!("> {} s / > {} s", t.warn, t.critical),
+            Unit::Millis => format!("> {} ms / > {} ms", t.warn, t.critical),
+            Unit::Percent => format!("> {}% / > {}%", t.warn * 100.0, t.critical * 100.0),
+        }
+    }
+}
+
+impl Judge {
+    fn thresholds(self, c: &AlertConfig) -> String {
+        match self {
+            Judge::Above(limits, unit) => unit.show_thresholds(limits(c)),
+            Judge::Dlq => format!("> 0 / unresolved > {} s", c.dlq_unresolved_s),
+            Judge::Expiring => format!(
                 "> 0 / growing (valid_until within {} s)",
                 c.expiry_horizon_s
             ),
-            i.expiring.map(|n| n as f64),
-            |v| format!("{v}"),
-            expiring_state,
-        ),
-    ]
+        }
+    }
+
+    fn shown(self, v: f64, i: &AlertInputs) -> String {
+        match self {
+            Judge::Above(_, unit) => unit.show(v),
+            Judge::Dlq => match i.dlq_oldest_age_s {
+                Some(age) if v > 0.0 => format!("{v} dead, oldest {age:.0} s"),
+                _ => format!("{v} dead"),
+            },
+            Judge::Expiring => format!("{v}"),
+        }
+    }
+
+    fn state(self, v: f64, c: &AlertConfig, i: &AlertInputs) -> AlertState {
+        match self {
+            Judge::Above(limits, _) => by(limits(c), v),
+            Judge::Dlq => match (v, i.dlq_oldest_age_s) {
+                (d, _) if d <= 0.0 => AlertState::Ok,
+                (_, Some(age)) if age > c.dlq_unresolved_s => AlertState::Critical,
+                _ => AlertState::Warn,
+            },
+            Judge::Expiring => match i.expiring_before {
+                _ if v <= 0.0 => AlertState::Ok,
+                Some(before) if v > before as f64 => AlertState::Critical,
+                _ => AlertState::Warn,
+            },
+        }
+    }
+}
+
+/// Every alert of docs/architecture.md §11.2, in [`RULES`] order. An
+/// unreadable source gives NoData, which never fires and never hides one.
+pub fn evaluate(c: &AlertConfig, i: &AlertInputs) -> Vec<Alert> {
+    RULES
+        .iter()
+        .map(|r| {
+            alert(
+                r.metric,
+                r.runbook,
+                r.judge.thresholds(c),
+                (r.read)(i),
+                |v| r.judge.shown(v, i),
+                |v| r.judge.state(v, c, i),
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

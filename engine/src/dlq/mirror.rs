@@ -5,8 +5,9 @@
 //! neither skips a dead message nor mirrors it twice; mirroring the same
 //! message again (it died again after a replay) updates its row.
 
-use super::new_ticket_id;
+use super::key::DlqEntryKey;
 use crate::domain::clock::at_ms;
+use crate::domain::ids::{IdError, MessageId, TicketId};
 use crate::domain::status::FailureClass;
 use crate::mq::rocket::{MqError, RocketAdmin};
 use crate::mq::{IncomingMessage, Names, TopicKind, topics};
@@ -20,7 +21,7 @@ pub struct MirrorReport {
     /// Dead messages copied (or refreshed) this pass.
     pub mirrored: usize,
     /// Tickets opened this pass: (ticket id, group, error class).
-    pub opened: Vec<(String, String, FailureClass)>,
+    pub opened: Vec<(TicketId, String, FailureClass)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -31,11 +32,18 @@ pub enum MirrorError {
     Mq(#[from] MqError),
 }
 
-/// The business id of a dead message; a message without one (not ours)
-/// is keyed by its broker id so it is still mirrored and seen.
-pub fn entry_key(m: &IncomingMessage) -> String {
-    m.message_id()
-        .map_or_else(|| format!("broker:{}", m.broker_msg_id), str::to_owned)
+/// The key of a dead message (pure): its business `message_id`; a message
+/// without one (not ours) is keyed by its broker id, and a malformed one is
+/// kept as it came, so either is still mirrored and seen (docs/architecture.md
+/// §9.1). The parse failure comes back with the key, for the log.
+pub fn entry_key(m: &IncomingMessage) -> (DlqEntryKey, Option<IdError>) {
+    match m.message_id() {
+        None => (DlqEntryKey::broker(&m.broker_msg_id), None),
+        Some(raw) => match MessageId::parse(raw) {
+            Ok(id) => (DlqEntryKey::Message(id), None),
+            Err(e) => (DlqEntryKey::Foreign(raw.to_owned()), Some(e)),
+        },
+    }
 }
 
 /// The topic the message was consumed from: the broker records it in
@@ -121,8 +129,14 @@ async fn mirror_one(
     tx: &mut Transaction<'static, Postgres>,
     group: &str,
     m: &IncomingMessage,
-) -> Result<Option<(String, String, FailureClass)>, sqlx::Error> {
-    let key = entry_key(m);
+) -> Result<Option<(TicketId, String, FailureClass)>, sqlx::Error> {
+    let (key, malformed) = entry_key(m);
+    if let Some(e) = malformed {
+        tracing::warn!(
+            group, key = %key, broker_msg_id = %m.broker_msg_id, error = %e,
+            "dead message with a malformed message_id: mirrored under it as it came; it cannot be replayed (docs/architecture.md §9.1)"
+        );
+    }
     let class: FailureClass = sqlx::query_scalar(
         "SELECT error_class FROM consumer_failures
          WHERE consumer_group = $1 AND message_id = $2
@@ -134,31 +148,7 @@ async fn mirror_one(
     .await?
     .unwrap_or(FailureClass::Unknown);
 
-    let fresh = new_ticket_id();
-    let opened: Option<String> = sqlx::query_scalar(
-        "INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class)
-         VALUES ($1, $2, $3)
-         ON CONFLICT (consumer_group, error_class) WHERE status <> 'CLOSED' DO NOTHING
-         RETURNING ticket_id",
-    )
-    .bind(&fresh)
-    .bind(group)
-    .bind(class)
-    .fetch_optional(&mut **tx)
-    .await?;
-    let ticket: String = match &opened {
-        Some(t) => t.clone(),
-        None => {
-            sqlx::query_scalar(
-                "SELECT ticket_id FROM dlq_tickets
-                 WHERE consumer_group = $1 AND error_class = $2 AND status <> 'CLOSED'",
-            )
-            .bind(group)
-            .bind(class)
-            .fetch_one(&mut **tx)
-            .await?
-        }
-    };
+    let (ticket, opened) = live_ticket(tx, group, class).await?;
     let props = serde_json::to_value(&m.properties).unwrap_or_default();
     sqlx::query(
         "INSERT INTO dlq_messages (consumer_group, message_id, ticket_id, original_topic, broker_msg_id,
@@ -187,7 +177,40 @@ async fn mirror_one(
     .bind(at_ms(m.store_timestamp_ms))
     .execute(&mut **tx)
     .await?;
-    Ok(opened.map(|t| (t, group.to_owned(), class)))
+    Ok(opened.then(|| (ticket, group.to_owned(), class)))
+}
+
+/// The one live ticket of (group, error class), opened if there is none
+/// (docs/architecture.md §9.2: a partial unique index allows one that is
+/// not CLOSED). True when this call opened it.
+async fn live_ticket(
+    tx: &mut Transaction<'static, Postgres>,
+    group: &str,
+    class: FailureClass,
+) -> Result<(TicketId, bool), sqlx::Error> {
+    let opened: Option<TicketId> = sqlx::query_scalar(
+        "INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class)
+         VALUES ($1, $2, $3)
+         ON CONFLICT (consumer_group, error_class) WHERE status <> 'CLOSED' DO NOTHING
+         RETURNING ticket_id",
+    )
+    .bind(TicketId::generate())
+    .bind(group)
+    .bind(class)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if let Some(t) = opened {
+        return Ok((t, true));
+    }
+    let live = sqlx::query_scalar(
+        "SELECT ticket_id FROM dlq_tickets
+         WHERE consumer_group = $1 AND error_class = $2 AND status <> 'CLOSED'",
+    )
+    .bind(group)
+    .bind(class)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok((live, false))
 }
 
 #[cfg(test)]
@@ -216,11 +239,24 @@ mod tests {
 
     #[test]
     fn the_original_topic_and_key_come_from_the_properties() {
-        let m = msg(&[("RETRY_TOPIC", "T"), ("message_id", "evt_1")], "%DLQ%G");
+        let id = MessageId::generate();
+        let m = msg(
+            &[("RETRY_TOPIC", "T"), ("message_id", id.as_str())],
+            "%DLQ%G",
+        );
         assert_eq!(original_topic(&m, "G"), "T");
-        assert_eq!(entry_key(&m), "evt_1");
+        assert_eq!(entry_key(&m), (DlqEntryKey::Message(id), None));
         let foreign = msg(&[], "%DLQ%G");
-        assert_eq!(entry_key(&foreign), "broker:B1");
+        assert_eq!(entry_key(&foreign), (DlqEntryKey::broker("B1"), None));
         assert!(original_topic(&foreign, "G").starts_with("(unknown"));
+    }
+
+    #[test]
+    fn a_malformed_message_id_is_kept_as_it_came_and_its_parse_failure_reported() {
+        let m = msg(&[("message_id", "evt_1")], "%DLQ%G");
+        let (key, malformed) = entry_key(&m);
+        assert_eq!(key, DlqEntryKey::Foreign("evt_1".into()));
+        assert_eq!(key.as_str(), "evt_1", "stored exactly as before");
+        assert!(malformed.is_some_and(|e| e.value == "evt_1"));
     }
 }

@@ -5,20 +5,19 @@
 //!   topic, body, properties, the error class of the consumer's last
 //!   recorded failure, delivery attempts, `dead_at`) and grouped into the
 //!   live `dlq_tickets` row of its (group, error class).
+//! - [`key`]: how a dead message is keyed: its `message_id`, or, for a
+//!   message that carries none or a malformed one, what the mirror could
+//!   key it by (§9.1).
 //! - [`tickets`]: the ticket lifecycle OPEN → ACKED → FIXED → REPLAYING →
 //!   VERIFIED → CLOSED as a pure transition table, and the reads the CLI
 //!   shows.
 //! - [`replay`]: guarded replay with the original `message_id`, pre-checks,
 //!   audit and verification.
 
+pub mod key;
 pub mod mirror;
 pub mod replay;
 pub mod tickets;
 pub mod webhook;
 
 pub use mirror::mirror_once;
-
-/// A fresh ticket id, `tkt_<ULID>`.
-pub fn new_ticket_id() -> String {
-    format!("tkt_{}", ulid::Ulid::new())
-}

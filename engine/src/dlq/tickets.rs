@@ -1,7 +1,11 @@
 //! DLQ tickets and entries (docs/architecture.md §9.2): the lifecycle as a pure
 //! transition table, and the reads `seckillctl dlq` shows.
 
-use crate::domain::status::{DlqEntryStatus, FailureClass, TicketStatus};
+use super::key::DlqEntryKey;
+use crate::domain::ids::TicketId;
+use crate::domain::status::{
+    DlqEntryStatus, FailureClass, InboxStatus, OrderStatus, ReservationOutcome, TicketStatus,
+};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -22,10 +26,10 @@ pub enum TicketAction {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TicketError {
     #[error("no ticket {0}; list them with `seckillctl dlq ticket list`")]
-    Unknown(String),
+    Unknown(TicketId),
     #[error("ticket {ticket} is {from}; it cannot be {action}")]
     Refused {
-        ticket: String,
+        ticket: TicketId,
         from: TicketStatus,
         action: &'static str,
     },
@@ -47,13 +51,13 @@ impl TicketAction {
 /// The next status, or why not (pure). Repeating an action that already
 /// took effect is allowed and changes nothing, so scripts can retry.
 pub fn transition(
-    ticket: &str,
+    ticket: &TicketId,
     from: TicketStatus,
     action: &TicketAction,
 ) -> Result<TicketStatus, TicketError> {
     use TicketStatus as S;
     let refused = || TicketError::Refused {
-        ticket: ticket.to_owned(),
+        ticket: ticket.clone(),
         from,
         action: action.verb(),
     };
@@ -72,7 +76,7 @@ pub fn transition(
 /// One ticket with its entry counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct Ticket {
-    pub ticket_id: String,
+    pub ticket_id: TicketId,
     pub consumer_group: String,
     pub error_class: FailureClass,
     pub status: TicketStatus,
@@ -97,8 +101,10 @@ const TICKET_COLUMNS: &str = "t.ticket_id, t.consumer_group, t.error_class, t.st
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct DlqEntry {
     pub consumer_group: String,
-    pub message_id: String,
-    pub ticket_id: Option<String>,
+    /// The business `message_id`, or what the mirror keyed a message
+    /// without one by (docs/architecture.md §9.1).
+    pub message_id: DlqEntryKey,
+    pub ticket_id: Option<TicketId>,
     pub original_topic: String,
     pub broker_msg_id: String,
     pub error_class: FailureClass,
@@ -131,7 +137,7 @@ pub async fn list_tickets(
     .await
 }
 
-pub async fn get_ticket(pool: &PgPool, id: &str) -> Result<Option<Ticket>, sqlx::Error> {
+pub async fn get_ticket(pool: &PgPool, id: &TicketId) -> Result<Option<Ticket>, sqlx::Error> {
     sqlx::query_as(&format!(
         "SELECT {TICKET_COLUMNS} FROM dlq_tickets t WHERE t.ticket_id = $1"
     ))
@@ -142,7 +148,11 @@ pub async fn get_ticket(pool: &PgPool, id: &str) -> Result<Option<Ticket>, sqlx:
 
 /// Applies an operator action, checked against the current status under a
 /// row lock, so two operators cannot race a ticket into a wrong state.
-pub async fn apply(pool: &PgPool, id: &str, action: &TicketAction) -> Result<Ticket, ApplyError> {
+pub async fn apply(
+    pool: &PgPool,
+    id: &TicketId,
+    action: &TicketAction,
+) -> Result<Ticket, ApplyError> {
     match action {
         TicketAction::Assign { owner } if owner.trim().is_empty() => {
             return Err(TicketError::Empty("--owner").into());
@@ -158,7 +168,7 @@ pub async fn apply(pool: &PgPool, id: &str, action: &TicketAction) -> Result<Tic
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
-    let from = from.ok_or_else(|| TicketError::Unknown(id.to_owned()))?;
+    let from = from.ok_or_else(|| TicketError::Unknown(id.clone()))?;
     let to = transition(id, from, action)?;
     let (owner, resolution) = match action {
         TicketAction::Assign { owner } => (Some(owner.trim().to_owned()), None),
@@ -181,7 +191,7 @@ pub async fn apply(pool: &PgPool, id: &str, action: &TicketAction) -> Result<Tic
     tx.commit().await?;
     Ok(get_ticket(pool, id)
         .await?
-        .ok_or_else(|| TicketError::Unknown(id.to_owned()))?)
+        .ok_or_else(|| TicketError::Unknown(id.clone()))?)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,7 +205,7 @@ pub enum ApplyError {
 pub async fn list_entries(
     pool: &PgPool,
     group: Option<&str>,
-    ticket: Option<&str>,
+    ticket: Option<&TicketId>,
     status: Option<DlqEntryStatus>,
 ) -> Result<Vec<DlqEntry>, sqlx::Error> {
     sqlx::query_as(&format!(
@@ -231,15 +241,17 @@ pub struct EntryDetail {
     pub body: String,
     pub failures: Vec<FailureRecord>,
     /// The group's inbox row for this message_id, if any: (status, result code).
-    pub inbox: Option<(String, Option<String>)>,
+    pub inbox: Option<(InboxStatus, Option<String>)>,
     /// The order and reservation the body names, as PostgreSQL has them.
-    pub order_status: Option<String>,
-    pub reservation_outcome: Option<String>,
+    pub order_status: Option<OrderStatus>,
+    pub reservation_outcome: Option<ReservationOutcome>,
 }
 
+/// Every mirrored copy of one dead message (one per group it died in). The
+/// key may be foreign (§9.1): such an entry can be inspected, not replayed.
 pub async fn show_entries(
     pool: &PgPool,
-    message_id: &str,
+    message_id: &DlqEntryKey,
 ) -> Result<Vec<EntryDetail>, sqlx::Error> {
     let entries: Vec<DlqEntry> = sqlx::query_as(&format!(
         "SELECT {ENTRY_COLUMNS} FROM dlq_messages WHERE message_id = $1 ORDER BY consumer_group"
@@ -257,31 +269,32 @@ pub async fn show_entries(
         .bind(message_id)
         .fetch_all(pool)
         .await?;
-        let inbox: Option<(String, Option<String>)> = sqlx::query_as(
-            "SELECT status::text, result_code FROM consumer_inbox WHERE consumer_group = $1 AND message_id = $2",
+        let inbox: Option<(InboxStatus, Option<String>)> = sqlx::query_as(
+            "SELECT status, result_code FROM consumer_inbox WHERE consumer_group = $1 AND message_id = $2",
         )
         .bind(&entry.consumer_group)
         .bind(message_id)
         .fetch_optional(pool)
         .await?;
         let body: serde_json::Value = serde_json::from_slice(&entry.body).unwrap_or_default();
-        let order_status: Option<String> = match body["order_id"].as_str() {
+        // The body is the dead copy's, unvalidated: its ids are looked up
+        // as text, and a body that names none shows nothing.
+        let order_status: Option<OrderStatus> = match body["order_id"].as_str() {
             Some(id) => {
-                sqlx::query_scalar("SELECT status::text FROM orders WHERE order_id = $1")
+                sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
                     .bind(id)
                     .fetch_optional(pool)
                     .await?
             }
             None => None,
         };
-        let reservation_outcome: Option<String> = match body["reservation_id"].as_str() {
+        let reservation_outcome: Option<ReservationOutcome> = match body["reservation_id"].as_str()
+        {
             Some(id) => {
-                sqlx::query_scalar(
-                    "SELECT outcome::text FROM reservations WHERE reservation_id = $1",
-                )
-                .bind(id)
-                .fetch_optional(pool)
-                .await?
+                sqlx::query_scalar("SELECT outcome FROM reservations WHERE reservation_id = $1")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?
             }
             None => None,
         };
@@ -316,7 +329,8 @@ mod tests {
 
     #[test]
     fn the_lifecycle_moves_forward_and_repeats_are_harmless() {
-        let t = |from, a: &TicketAction| transition("tkt_1", from, a);
+        let id = TicketId::generate();
+        let t = |from, a: &TicketAction| transition(&id, from, a);
         assert_eq!(t(S::Open, &TicketAction::Ack), Ok(S::Acked));
         assert_eq!(t(S::Acked, &TicketAction::Ack), Ok(S::Acked));
         assert_eq!(t(S::Open, &assign()), Ok(S::Acked));
@@ -329,10 +343,11 @@ mod tests {
 
     #[test]
     fn a_closed_ticket_refuses_everything_and_says_why() {
+        let id = TicketId::generate();
         for a in [TicketAction::Ack, assign(), TicketAction::Resolve, close()] {
-            let e = transition("tkt_1", S::Closed, &a).unwrap_err();
-            assert!(e.to_string().contains("tkt_1 is CLOSED"), "{e}");
+            let e = transition(&id, S::Closed, &a).unwrap_err();
+            assert!(e.to_string().contains(&format!("{id} is CLOSED")), "{e}");
         }
-        assert!(transition("tkt_1", S::Replaying, &TicketAction::Resolve).is_err());
+        assert!(transition(&id, S::Replaying, &TicketAction::Resolve).is_err());
     }
 }

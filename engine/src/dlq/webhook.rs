@@ -3,6 +3,8 @@
 //! as the `Idempotency-Key`, so a tracker that saw the first attempt can
 //! drop a repeat. The result is kept in `dlq_tickets.webhook_status`.
 
+use crate::domain::ids::TicketId;
+use crate::domain::status::{FailureClass, TicketStatus};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -13,10 +15,10 @@ const ATTEMPTS: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct TicketOpened {
-    pub ticket_id: String,
+    pub ticket_id: TicketId,
     pub consumer_group: String,
-    pub error_class: String,
-    pub status: String,
+    pub error_class: FailureClass,
+    pub status: TicketStatus,
     pub messages: i64,
     pub opened_at: DateTime<Utc>,
 }
@@ -29,7 +31,7 @@ pub async fn deliver_pending(
     url: &str,
 ) -> Result<usize, sqlx::Error> {
     let due: Vec<TicketOpened> = sqlx::query_as(
-        "SELECT t.ticket_id, t.consumer_group, t.error_class::text, t.status::text,
+        "SELECT t.ticket_id, t.consumer_group, t.error_class, t.status,
                 (SELECT count(*) FROM dlq_messages m WHERE m.ticket_id = t.ticket_id) AS messages,
                 t.opened_at
          FROM dlq_tickets t
@@ -64,15 +66,36 @@ pub async fn deliver_pending(
     Ok(delivered)
 }
 
+/// Why a ticket did not reach the tracker. The text is what
+/// `dlq_tickets.webhook_status` keeps after `FAILED: `, so it names the
+/// attempt that gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// A 4xx other than 408/429: the tracker refused this body, and
+    /// sending it again cannot help; check `[dlq] webhook_url` and what the
+    /// tracker expects.
+    #[error("HTTP {code} (attempt {attempt})")]
+    Refused { code: u16, attempt: u32 },
+    /// A 5xx, 408 or 429 on the last attempt: retried on a later pass.
+    #[error("HTTP {code} (attempt {attempt})")]
+    Status { code: u16, attempt: u32 },
+    /// No answer (connect, TLS, timeout) on the last attempt.
+    #[error("{source} (attempt {attempt})")]
+    Transport {
+        source: reqwest::Error,
+        attempt: u32,
+    },
+}
+
 /// One ticket, up to [`ATTEMPTS`] tries with a doubling pause. A 4xx other
 /// than 408/429 is final: retrying the same body cannot help.
-async fn post(http: &reqwest::Client, url: &str, t: &TicketOpened) -> Result<u16, String> {
+async fn post(http: &reqwest::Client, url: &str, t: &TicketOpened) -> Result<u16, WebhookError> {
     let mut pause = Duration::from_millis(200);
-    let mut last = String::new();
-    for attempt in 1..=ATTEMPTS {
-        match http
+    let mut attempt = 1;
+    loop {
+        let failed = match http
             .post(url)
-            .header("Idempotency-Key", &t.ticket_id)
+            .header("Idempotency-Key", t.ticket_id.as_str())
             .json(t)
             .timeout(Duration::from_secs(5))
             .send()
@@ -81,17 +104,18 @@ async fn post(http: &reqwest::Client, url: &str, t: &TicketOpened) -> Result<u16
             Ok(r) if r.status().is_success() => return Ok(r.status().as_u16()),
             Ok(r) => {
                 let code = r.status().as_u16();
-                last = format!("HTTP {code} (attempt {attempt})");
                 if r.status().is_client_error() && code != 408 && code != 429 {
-                    return Err(last);
+                    return Err(WebhookError::Refused { code, attempt });
                 }
+                WebhookError::Status { code, attempt }
             }
-            Err(e) => last = format!("{e} (attempt {attempt})"),
+            Err(source) => WebhookError::Transport { source, attempt },
+        };
+        if attempt == ATTEMPTS {
+            return Err(failed);
         }
-        if attempt < ATTEMPTS {
-            tokio::time::sleep(pause).await;
-            pause *= 2;
-        }
+        tokio::time::sleep(pause).await;
+        pause *= 2;
+        attempt += 1;
     }
-    Err(last)
 }

@@ -89,6 +89,20 @@ prefixed_id!(
     RequestId,
     "req_"
 );
+prefixed_id!(
+    /// A DLQ ticket, `tkt_<ULID>`: one per (consumer group, error class)
+    /// while not closed, and the webhook's `Idempotency-Key`
+    /// (docs/architecture.md §9.2).
+    TicketId,
+    "tkt_"
+);
+prefixed_id!(
+    /// One replay attempt, `rpl_<ULID>`: the `replay_id` property the
+    /// consumer records in its inbox row, and the `replay_audit` key
+    /// (docs/architecture.md §9.4).
+    ReplayId,
+    "rpl_"
+);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {kind} {value:?}: expected {expected}")]
@@ -143,6 +157,16 @@ mod tests {
         assert_eq!(MessageId::parse(id.as_str()).unwrap(), id);
         let json = serde_json::to_string(&id).unwrap();
         assert_eq!(serde_json::from_str::<MessageId>(&json).unwrap(), id);
+    }
+
+    #[test]
+    fn ticket_and_replay_ids_carry_their_prefix() {
+        let t = TicketId::generate();
+        assert!(t.as_str().starts_with("tkt_"));
+        assert_eq!(TicketId::parse(t.as_str()).unwrap(), t);
+        assert!(TicketId::parse("tkt_nope").is_err());
+        assert!(ReplayId::generate().as_str().starts_with("rpl_"));
+        assert!(ReplayId::parse(t.as_str()).is_err());
     }
 
     #[test]

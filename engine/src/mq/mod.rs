@@ -12,7 +12,7 @@ pub mod rocket;
 pub mod topics;
 
 pub use classify::{DefiniteCause, UnknownCause};
-pub use topics::{Names, TopicKind, TopicType};
+pub use topics::{Names, Sender, TopicKind, TopicType};
 
 use serde::Serialize;
 use std::collections::BTreeMap;

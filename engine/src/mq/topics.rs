@@ -72,6 +72,28 @@ impl TopicKind {
     }
 }
 
+/// Who sends. Each is its own producer group, so the broker's view of
+/// producers tells an operator's replay from the engine's own traffic
+/// (docs/architecture.md §9.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sender {
+    Engine,
+    /// `seckillctl dlq replay`.
+    CliReplay,
+    /// A replay confirmed on the live screen.
+    TuiReplay,
+}
+
+impl Sender {
+    pub fn group_base_name(self) -> &'static str {
+        match self {
+            Sender::Engine => "PG_SECKILL_ENGINE_V1",
+            Sender::CliReplay => "PG_SECKILL_REPLAY_V1",
+            Sender::TuiReplay => "PG_SECKILL_TUI_REPLAY",
+        }
+    }
+}
+
 /// Resolved names for one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
@@ -99,7 +121,12 @@ impl Names {
 
     /// Producer group for the engine's publishers.
     pub fn producer_group(&self) -> String {
-        format!("{}PG_SECKILL_ENGINE_V1", self.prefix)
+        self.producer_group_of(Sender::Engine)
+    }
+
+    /// Producer group of one kind of sender.
+    pub fn producer_group_of(&self, sender: Sender) -> String {
+        format!("{}{}", self.prefix, sender.group_base_name())
     }
 
     pub fn dlq_topic(&self, kind: TopicKind) -> String {
@@ -135,5 +162,9 @@ mod tests {
             "%DLQ%T1_CG_SECKILL_ORDER_CREATE_PG_V1"
         );
         assert_eq!(TopicKind::ALL.iter().map(|k| k.queues()).sum::<u32>(), 192);
+        assert_eq!(
+            n.producer_group_of(Sender::CliReplay),
+            "T1_PG_SECKILL_REPLAY_V1"
+        );
     }
 }

@@ -10,6 +10,9 @@
 
 pub mod health;
 pub mod view;
+mod watch;
+
+pub use watch::{Observation, Watch};
 
 use crate::config::Config;
 use crate::domain::clock::now_ms;
@@ -125,9 +128,81 @@ pub struct DlqSample {
     pub replays: BTreeMap<String, u64>,
 }
 
+/// What a sample reads from. A source that fails leaves its part of the
+/// sample empty and says why in [`Sample::errors`]; the rest still counts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub enum Source {
+    #[serde(rename = "postgresql")]
+    Postgresql,
+    #[serde(rename = "redis")]
+    Redis,
+    #[serde(rename = "rocketmq")]
+    Rocketmq,
+    #[serde(rename = "dlq")]
+    Dlq,
+    #[serde(rename = "engine")]
+    Engine,
+    #[serde(rename = "broker uptime")]
+    BrokerUptime,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Postgresql => "postgresql",
+            Source::Redis => "redis",
+            Source::Rocketmq => "rocketmq",
+            Source::Dlq => "dlq",
+            Source::Engine => "engine",
+            Source::BrokerUptime => "broker uptime",
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why one source gave nothing this sample.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceFailure {
+    #[error("not connected (see the component's own error)")]
+    NotConnected,
+    #[error("did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Redis(#[from] crate::reservation::ReservationError),
+    #[error(transparent)]
+    Mq(#[from] crate::mq::rocket::MqError),
+    #[error("{group}: {source}")]
+    Group {
+        group: String,
+        source: crate::mq::rocket::MqError,
+    },
+    #[error(
+        "no engine answers at {url} ({source}); start one with `seckillctl engine run` or point --engine-url at it"
+    )]
+    EngineUnreachable { url: String, source: reqwest::Error },
+    #[error("{url}/v1/stats answered {status}")]
+    EngineStatus {
+        url: String,
+        status: reqwest::StatusCode,
+    },
+    #[error(
+        "{url}/v1/stats: unreadable answer ({source}); is it a seckill engine of this version?"
+    )]
+    EngineUnreadable { url: String, source: reqwest::Error },
+}
+
+/// A source's failure as the sample records it (plain data, so samples
+/// serialize and compare).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SourceError {
-    pub source: String,
+    pub source: Source,
     pub error: String,
 }
 
@@ -145,7 +220,7 @@ pub struct Sample {
 }
 
 impl Sample {
-    pub fn error(&self, source: &str) -> Option<&str> {
+    pub fn error(&self, source: Source) -> Option<&str> {
         self.errors
             .iter()
             .find(|e| e.source == source)
@@ -235,20 +310,17 @@ impl Observer {
     }
 
     async fn connect(&mut self, errors: &mut Vec<SourceError>) {
-        let err = |source: &str, e: String| SourceError {
-            source: source.into(),
-            error: e,
-        };
+        let err = |source: Source, e: String| SourceError { source, error: e };
         if self.pool.is_none() {
             match db::connect_unchecked(&self.cfg).await {
                 Ok(p) => self.pool = Some(p),
-                Err(e) => errors.push(err("postgresql", e.to_string())),
+                Err(e) => errors.push(err(Source::Postgresql, e.to_string())),
             }
         }
         if self.store.is_none() {
             match redis_conn::connect(&self.cfg).await {
                 Ok(c) => self.store = Some(ReservationStore::new(c, self.cfg.redis_prefix.clone())),
-                Err(e) => errors.push(err("redis", e.to_string())),
+                Err(e) => errors.push(err(Source::Redis, e.to_string())),
             }
         }
         if self.admin.is_none() {
@@ -260,7 +332,7 @@ impl Observer {
             .await
             {
                 Ok(a) => self.admin = Some(a),
-                Err(e) => errors.push(err("rocketmq", e.to_string())),
+                Err(e) => errors.push(err(Source::Rocketmq, e.to_string())),
             }
         }
     }
@@ -296,12 +368,12 @@ impl Observer {
             bounded(limit, broker_uptime(self.admin.as_ref(), self.uptime)),
         );
         let e = &mut errors;
-        let groups = take(e, "rocketmq", groups).unwrap_or_default();
-        let pending = take(e, "redis", pending).unwrap_or_default();
-        let pg = take(e, "postgresql", pg);
-        let dlq = take(e, "dlq", dlq);
-        let engine = take(e, "engine", engine).flatten();
-        let broker_uptime_s = take(e, "broker uptime", uptime).and_then(|(fresh, u)| {
+        let groups = take(e, Source::Rocketmq, groups).unwrap_or_default();
+        let pending = take(e, Source::Redis, pending).unwrap_or_default();
+        let pg = take(e, Source::Postgresql, pg);
+        let dlq = take(e, Source::Dlq, dlq);
+        let engine = take(e, Source::Engine, engine).flatten();
+        let broker_uptime_s = take(e, Source::BrokerUptime, uptime).and_then(|(fresh, u)| {
             if fresh {
                 self.uptime = Some((std::time::Instant::now(), u));
             }
@@ -329,13 +401,17 @@ impl Observer {
     }
 }
 
-fn take<T>(errors: &mut Vec<SourceError>, source: &str, r: Result<T, String>) -> Option<T> {
+fn take<T>(
+    errors: &mut Vec<SourceError>,
+    source: Source,
+    r: Result<T, SourceFailure>,
+) -> Option<T> {
     match r {
         Ok(v) => Some(v),
         Err(e) => {
             errors.push(SourceError {
-                source: source.into(),
-                error: e,
+                source,
+                error: e.to_string(),
             });
             None
         }
@@ -344,14 +420,14 @@ fn take<T>(errors: &mut Vec<SourceError>, source: &str, r: Result<T, String>) ->
 
 async fn bounded<T>(
     limit: Duration,
-    fut: impl Future<Output = Result<T, String>>,
-) -> Result<T, String> {
+    fut: impl Future<Output = Result<T, SourceFailure>>,
+) -> Result<T, SourceFailure> {
     tokio::time::timeout(limit, fut)
         .await
-        .unwrap_or_else(|_| Err(format!("did not answer within {limit:?}")))
+        .unwrap_or(Err(SourceFailure::Timeout(limit)))
 }
 
-const DOWN: &str = "not connected (see the component's own error)";
+use SourceFailure::NotConnected as DOWN;
 
 /// Lag of every seckill group, with its `%RETRY%` topic.
 async fn groups(
@@ -360,7 +436,7 @@ async fn groups(
     expiring_before_ms: i64,
     head_probe: i32,
     head_queues: usize,
-) -> Result<Vec<GroupSample>, String> {
+) -> Result<Vec<GroupSample>, SourceFailure> {
     let admin = admin.ok_or(DOWN)?;
     let mut out = Vec::new();
     for kind in TopicKind::ALL {
@@ -373,7 +449,10 @@ async fn groups(
         let main = admin
             .lag_detail(&topic, &group, probe, head_queues)
             .await
-            .map_err(|e| format!("{group}: {e}"))?;
+            .map_err(|source| SourceFailure::Group {
+                group: group.clone(),
+                source,
+            })?;
         // `%RETRY%<group>` exists only once something was retried; its
         // absence is the common case, and the main topic's lag stands.
         let retry = admin
@@ -417,18 +496,12 @@ async fn groups(
 async fn pending(
     store: Option<&ReservationStore>,
     expiring_before_ms: i64,
-) -> Result<Vec<PendingSample>, String> {
+) -> Result<Vec<PendingSample>, SourceFailure> {
     let store = store.ok_or(DOWN)?;
     let mut out = Vec::new();
-    for activity in store.activities().await.map_err(|e| e.to_string())? {
-        let count = store
-            .pending_count(activity)
-            .await
-            .map_err(|e| e.to_string())?;
-        let entries = store
-            .pending_entries(activity, PENDING_SCAN_CAP)
-            .await
-            .map_err(|e| e.to_string())?;
+    for activity in store.activities().await? {
+        let count = store.pending_count(activity).await?;
+        let entries = store.pending_entries(activity, PENDING_SCAN_CAP).await?;
         let mut attempts = BTreeMap::new();
         for e in &entries {
             *attempts.entry(e.send_attempt).or_insert(0) += 1;
@@ -471,33 +544,29 @@ FROM pg_stat_activity
 WHERE backend_type = 'client backend' AND datname = current_database()
 "#;
 
-async fn pg_server(pool: Option<&PgPool>) -> Result<PgServerSample, String> {
+async fn pg_server(pool: Option<&PgPool>) -> Result<PgServerSample, SourceFailure> {
     let pool = pool.ok_or(DOWN)?;
-    sqlx::query_as(PG_SERVER)
+    Ok(sqlx::query_as(PG_SERVER)
         .bind(CHURN_TABLES)
         .fetch_one(pool)
-        .await
-        .map_err(|e| e.to_string())
+        .await?)
 }
 
-async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, String> {
+async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, SourceFailure> {
     let pool = pool.ok_or(DOWN)?;
     let (dead, oldest): (i64, Option<f64>) = sqlx::query_as(
         "SELECT count(*), EXTRACT(EPOCH FROM now() - min(dead_at))::float8
            FROM dlq_messages WHERE status = 'DEAD'",
     )
     .fetch_one(pool)
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let open: i64 = sqlx::query_scalar("SELECT count(*) FROM dlq_tickets WHERE status <> 'CLOSED'")
         .fetch_one(pool)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let replays: Vec<(String, i64)> =
         sqlx::query_as("SELECT outcome::text, count(*) FROM replay_audit GROUP BY 1")
             .fetch_all(pool)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
     Ok(DlqSample {
         dead: dead as u64,
         open_tickets: open as u64,
@@ -506,7 +575,9 @@ async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, String> {
     })
 }
 
-async fn engine(target: Option<(&reqwest::Client, &String)>) -> Result<Option<StatsView>, String> {
+async fn engine(
+    target: Option<(&reqwest::Client, &String)>,
+) -> Result<Option<StatsView>, SourceFailure> {
     let Some((http, url)) = target else {
         return Ok(None);
     };
@@ -514,13 +585,23 @@ async fn engine(target: Option<(&reqwest::Client, &String)>) -> Result<Option<St
         .get(format!("{url}/v1/stats"))
         .send()
         .await
-        .map_err(|e| format!("no engine answers at {url} ({e}); start one with `seckillctl engine run` or point --engine-url at it"))?;
+        .map_err(|source| SourceFailure::EngineUnreachable {
+            url: url.clone(),
+            source,
+        })?;
     if !resp.status().is_success() {
-        return Err(format!("{url}/v1/stats answered {}", resp.status()));
+        return Err(SourceFailure::EngineStatus {
+            url: url.clone(),
+            status: resp.status(),
+        });
     }
-    resp.json::<StatsView>().await.map(Some).map_err(|e| {
-        format!("{url}/v1/stats: unreadable answer ({e}); is it a seckill engine of this version?")
-    })
+    resp.json::<StatsView>()
+        .await
+        .map(Some)
+        .map_err(|source| SourceFailure::EngineUnreadable {
+            url: url.clone(),
+            source,
+        })
 }
 
 /// Re-read every minute; in between, the cached uptime plus the time since.
@@ -530,21 +611,17 @@ const UPTIME_REFRESH: Duration = Duration::from_secs(60);
 async fn broker_uptime(
     admin: Option<&RocketAdmin>,
     cached: Option<(std::time::Instant, Option<f64>)>,
-) -> Result<(bool, Option<f64>), String> {
+) -> Result<(bool, Option<f64>), SourceFailure> {
     if let Some((at, u)) = cached
         && at.elapsed() < UPTIME_REFRESH
     {
         return Ok((false, u.map(|u| u + at.elapsed().as_secs_f64())));
     }
     let admin = admin.ok_or(DOWN)?;
-    let brokers = admin.brokers().await.map_err(|e| e.to_string())?;
+    let brokers = admin.brokers().await?;
     let mut youngest: Option<f64> = None;
     for b in brokers {
-        if let Some(u) = admin
-            .broker_uptime_s(&b.addr)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        if let Some(u) = admin.broker_uptime_s(&b.addr).await? {
             youngest = Some(youngest.map_or(u, |y: f64| y.min(u)));
         }
     }

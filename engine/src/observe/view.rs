@@ -1,7 +1,7 @@
 //! Pure views over one or two [`Sample`]s: rates come from the difference
 //! between consecutive samples, so every view is testable with literals.
 
-use super::{GroupSample, Sample};
+use super::{GroupSample, Sample, Source};
 use crate::config::Config;
 use crate::decide::alerts::{AlertInputs, Ratio};
 use crate::decide::backlog::{self, Drain, Level};
@@ -213,8 +213,8 @@ fn ratio(prev: Option<(u64, u64)>, cur: (u64, u64)) -> Ratio {
 }
 
 pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
-    let rocket_ok = cur.error("rocketmq").is_none();
-    let redis_ok = cur.error("redis").is_none();
+    let rocket_ok = cur.error(Source::Rocketmq).is_none();
+    let redis_ok = cur.error(Source::Redis).is_none();
     let pending_age = redis_ok.then(|| {
         cur.pending
             .iter()
@@ -250,7 +250,7 @@ pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
         order_tx_p99_ms: cur.engine.as_ref().map(|e| e.consume.tx.p99_ms),
         expiring: (rocket_ok && redis_ok).then(|| expiring(cur)),
         expiring_before: prev
-            .filter(|p| p.error("rocketmq").is_none() && p.error("redis").is_none())
+            .filter(|p| p.error(Source::Rocketmq).is_none() && p.error(Source::Redis).is_none())
             .map(expiring),
     }
 }

@@ -5,7 +5,7 @@
 use crate::domain::ids::{ActivityId, SkuId};
 use crate::reservation::{ReservationError, ReservationStore, SeedOutcome};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ActivityError {
@@ -79,11 +79,31 @@ pub use crate::reservation::MAX_WINDOW_MS;
 
 /// Seeds PostgreSQL first (in one transaction), then Redis. If Redis fails
 /// after the commit, running the command again with `--force` repairs it.
+///
+/// The checks run before anything is written, in this order: the figures,
+/// Redis' live reservations, then under the inventory row's lock the
+/// existing stock on both sides and the orders (docs/architecture.md §12:
+/// conservation must hold from the first request).
 pub async fn create(
     pool: &PgPool,
     store: &ReservationStore,
     a: &NewActivity,
 ) -> Result<ActivityView, ActivityError> {
+    check_figures(a)?;
+    check_no_live_reservations(store, a.activity).await?;
+    let mut tx = pool.begin().await?;
+    check_not_seeded(&mut tx, store, a).await?;
+    check_no_orders(&mut tx, a).await?;
+    write_pg(&mut tx, a).await?;
+    tx.commit().await?;
+    match store.seed_stock(a.activity, a.sku, a.stock, true).await? {
+        SeedOutcome::Seeded | SeedOutcome::AlreadySeeded { .. } => {}
+    }
+    show(pool, store, a.activity).await
+}
+
+/// The stock and both windows are in range (pure).
+fn check_figures(a: &NewActivity) -> Result<(), ActivityError> {
     if !(0..=10_000_000).contains(&a.stock) {
         return Err(ActivityError::BadStock(a.stock));
     }
@@ -95,25 +115,41 @@ pub async fn create(
             return Err(ActivityError::BadWindow { what, ms });
         }
     }
-    // Live reservations hold units the new stock figure would count again.
+    Ok(())
+}
+
+/// Live reservations hold units the new stock figure would count again.
+async fn check_no_live_reservations(
+    store: &ReservationStore,
+    activity: ActivityId,
+) -> Result<(), ActivityError> {
     let (live, pending) = (
-        store.live_reservations(a.activity).await?,
-        store.pending_count(a.activity).await?,
+        store.live_reservations(activity).await?,
+        store.pending_count(activity).await?,
     );
     if live > 0 || pending > 0 {
         return Err(ActivityError::LiveReservations {
-            activity: a.activity,
+            activity,
             live,
             pending,
         });
     }
-    let mut tx = pool.begin().await?;
+    Ok(())
+}
+
+/// Neither side holds stock for this SKU yet, unless `--force`. Locks the
+/// inventory row (if any) for the rest of `tx`.
+async fn check_not_seeded(
+    tx: &mut Transaction<'static, Postgres>,
+    store: &ReservationStore,
+    a: &NewActivity,
+) -> Result<(), ActivityError> {
     let existing: Option<i64> = sqlx::query_scalar(
         "SELECT total_stock FROM inventory WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE",
     )
     .bind(a.activity)
     .bind(a.sku)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await?;
     let redis_now = store.stock(a.activity, a.sku).await?;
     if (existing.is_some() || redis_now.is_some()) && !a.force {
@@ -124,11 +160,20 @@ pub async fn create(
             redis: redis_now,
         });
     }
+    Ok(())
+}
+
+/// No order exists for this SKU: re-seeding under one would break
+/// conservation, `--force` or not.
+async fn check_no_orders(
+    tx: &mut Transaction<'static, Postgres>,
+    a: &NewActivity,
+) -> Result<(), ActivityError> {
     let orders: i64 =
         sqlx::query_scalar("SELECT count(*) FROM orders WHERE activity_id = $1 AND sku_id = $2")
             .bind(a.activity)
             .bind(a.sku)
-            .fetch_one(&mut *tx)
+            .fetch_one(&mut **tx)
             .await?;
     if orders > 0 {
         return Err(ActivityError::HasOrders {
@@ -137,6 +182,15 @@ pub async fn create(
             orders,
         });
     }
+    Ok(())
+}
+
+/// Upserts the activity's windows, then the SKU's stock (total and
+/// available alike).
+async fn write_pg(
+    tx: &mut Transaction<'static, Postgres>,
+    a: &NewActivity,
+) -> Result<(), ActivityError> {
     sqlx::query(
         "INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, $2, $3)
          ON CONFLICT (activity_id) DO UPDATE SET valid_for_ms = EXCLUDED.valid_for_ms,
@@ -145,7 +199,7 @@ pub async fn create(
     .bind(a.activity)
     .bind(a.valid_for_ms)
     .bind(a.pay_within_ms)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
     sqlx::query(
         "INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, $3, $3)
@@ -154,13 +208,9 @@ pub async fn create(
     .bind(a.activity)
     .bind(a.sku)
     .bind(a.stock)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    tx.commit().await?;
-    match store.seed_stock(a.activity, a.sku, a.stock, true).await? {
-        SeedOutcome::Seeded | SeedOutcome::AlreadySeeded { .. } => {}
-    }
-    show(pool, store, a.activity).await
+    Ok(())
 }
 
 /// PostgreSQL's side of every SKU: (sku, total, available, valid orders).

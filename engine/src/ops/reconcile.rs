@@ -2,7 +2,7 @@
 //! Each check returns a verdict and, when it fails, the ids that break it.
 //! Read-only: reconcile never repairs anything.
 
-use crate::domain::ids::ActivityId;
+use crate::domain::ids::{ActivityId, SkuId};
 use crate::reservation::{ReservationError, ReservationStore};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -57,64 +57,119 @@ fn check(invariant: &'static str, evidence: String, counterexamples: Vec<String>
     }
 }
 
-async fn ids(pool: &PgPool, sql: &str, activity: ActivityId) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(sql).bind(activity).fetch_all(pool).await
-}
+/// One SKU as PostgreSQL sees it: (sku, total, available, valid orders),
+/// the row of `activity::pg_stock`.
+type SkuStock = (SkuId, i64, i64, i64);
 
+/// Runs every check of docs/architecture.md §12.1, in the table's order, and
+/// stops at the first source that cannot be read.
 pub async fn run(
     pool: &PgPool,
     store: &ReservationStore,
     activity: ActivityId,
 ) -> Result<Report, ReconcileError> {
-    let mut checks = Vec::new();
-
     let per_sku = crate::ops::activity::pg_stock(pool, activity).await?;
+    let checks = vec![
+        within_stock(&per_sku),
+        listed(pool, &ONE_VALID_ORDER_PER_USER, activity).await?,
+        listed(pool, &ONE_EFFECT_PER_MESSAGE, activity).await?,
+        listed(pool, &COMPENSATION_WHERE_OWED, activity).await?,
+        compensations_released(pool, activity).await?,
+        listed(pool, &PAID_NEVER_CANCELED, activity).await?,
+        pg_conservation(&per_sku),
+        redis_conservation(
+            &read_redis(store, activity, &per_sku).await?,
+            total_stock(&per_sku),
+        ),
+    ];
+    Ok(Report {
+        activity_id: activity,
+        checks,
+    })
+}
 
-    let oversold: Vec<String> = per_sku
+// ---------------------------------------------------------------------------
+// Stock, per SKU (§12.1 rows 1 and 7): pure over `pg_stock`'s rows.
+// ---------------------------------------------------------------------------
+
+/// Valid orders never exceed the initial PostgreSQL stock.
+fn within_stock(per_sku: &[SkuStock]) -> Check {
+    let oversold = per_sku
         .iter()
         .filter(|(_, total, _, valid)| valid > total)
         .map(|(sku, total, _, valid)| format!("sku {sku}: {valid} valid orders > stock {total}"))
         .collect();
-    let (total, valid): (i64, i64) = per_sku.iter().fold((0, 0), |(t, v), r| (t + r.1, v + r.3));
-    checks.push(check(
+    let (total, valid) = (total_stock(per_sku), valid_orders(per_sku));
+    check(
         "valid orders <= initial PostgreSQL stock",
         format!("{valid} valid orders, stock {total}"),
         oversold,
-    ));
-
-    let dup_users = ids(
-        pool,
-        "SELECT user_id::text FROM orders WHERE activity_id = $1 AND status <> 'CANCELED'
-         GROUP BY user_id HAVING count(*) > 1 LIMIT 10",
-        activity,
     )
-    .await?;
-    checks.push(check(
-        "valid orders per user <= 1",
-        "per (activity, user)".into(),
-        dup_users,
-    ));
+}
 
-    let dup_effects = ids(
-        pool,
-        "SELECT l.reservation_id FROM inventory_ledger l WHERE l.activity_id = $1
+/// Stock moves only with its ledger rows: available + valid orders = total.
+fn pg_conservation(per_sku: &[SkuStock]) -> Check {
+    let broken = per_sku
+        .iter()
+        .filter(|(_, total, avail, valid)| avail + valid != *total)
+        .map(|(sku, total, avail, valid)| {
+            format!("sku {sku}: available {avail} + valid {valid} != total {total}")
+        })
+        .collect();
+    let avail: i64 = per_sku.iter().map(|r| r.2).sum();
+    let (total, valid) = (total_stock(per_sku), valid_orders(per_sku));
+    check(
+        "PostgreSQL conservation: available + valid orders = total",
+        format!("{avail} + {valid} vs {total}"),
+        broken,
+    )
+}
+
+fn total_stock(per_sku: &[SkuStock]) -> i64 {
+    per_sku.iter().map(|r| r.1).sum()
+}
+
+fn valid_orders(per_sku: &[SkuStock]) -> i64 {
+    per_sku.iter().map(|r| r.3).sum()
+}
+
+// ---------------------------------------------------------------------------
+// Invariants one query's rows break (§12.1 rows 2, 3, 4 and 6): each query
+// lists up to 10 counterexamples; none means the invariant holds.
+// ---------------------------------------------------------------------------
+
+/// A check whose counterexamples one query lists (`$1` is the activity).
+struct Listed {
+    invariant: &'static str,
+    evidence: &'static str,
+    sql: &'static str,
+}
+
+/// Enforced by the partial unique index `orders_one_per_user`.
+const ONE_VALID_ORDER_PER_USER: Listed = Listed {
+    invariant: "valid orders per user <= 1",
+    evidence: "per (activity, user)",
+    sql: "SELECT user_id::text FROM orders WHERE activity_id = $1 AND status <> 'CANCELED'
+         GROUP BY user_id HAVING count(*) > 1 LIMIT 10",
+};
+
+/// Duplicate ledger rows, and `ORDER_CREATED` without its order.
+const ONE_EFFECT_PER_MESSAGE: Listed = Listed {
+    invariant: "business effect per message_id <= 1",
+    evidence: "ledger rows per reservation and reason; every ORDER_CREATED has its order",
+    sql: "SELECT l.reservation_id FROM inventory_ledger l WHERE l.activity_id = $1
          GROUP BY l.reservation_id, l.reason HAVING count(*) > 1
          UNION ALL
          SELECT r.message_id FROM reservations r WHERE r.activity_id = $1 AND r.outcome = 'ORDER_CREATED'
            AND NOT EXISTS (SELECT 1 FROM orders o WHERE o.reservation_id = r.reservation_id)
          LIMIT 10",
-        activity,
-    )
-    .await?;
-    checks.push(check(
-        "business effect per message_id <= 1",
-        "ledger rows per reservation and reason; every ORDER_CREATED has its order".into(),
-        dup_effects,
-    ));
+};
 
-    let comp = ids(
-        pool,
-        "SELECT r.reservation_id FROM reservations r WHERE r.activity_id = $1
+/// A rejection or a canceled order without its task; a valid order with one.
+const COMPENSATION_WHERE_OWED: Listed = Listed {
+    invariant: "compensations per reservation = 1 where owed, 0 otherwise (<= 1 by key)",
+    evidence: "every rejection and every canceled order has one task; no valid order has one",
+    sql: "SELECT r.reservation_id FROM reservations r WHERE r.activity_id = $1
            AND r.outcome IN ('REJECTED_NO_STOCK', 'REJECTED_DUPLICATE', 'REJECTED_EXPIRED')
            AND NOT EXISTS (SELECT 1 FROM compensation_tasks c WHERE c.reservation_id = r.reservation_id)
          UNION ALL
@@ -125,90 +180,168 @@ pub async fn run(
          SELECT o.reservation_id FROM orders o WHERE o.activity_id = $1 AND o.status <> 'CANCELED'
            AND EXISTS (SELECT 1 FROM compensation_tasks c WHERE c.reservation_id = o.reservation_id)
          LIMIT 10",
-        activity,
-    )
-    .await?;
-    checks.push(check(
-        "compensations per reservation = 1 where owed, 0 otherwise (<= 1 by key)",
-        "every rejection and every canceled order has one task; no valid order has one".into(),
-        comp,
-    ));
+};
 
-    let (settled, unsettled): (i64, Vec<String>) = {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND status <> 'PENDING'",
-        )
-        .bind(activity)
-        .fetch_one(pool)
-        .await?;
-        let pending = ids(
-            pool,
-            "SELECT reservation_id || ' (' || status || ', ' || source || ')' FROM compensation_tasks
-             WHERE activity_id = $1 AND status IN ('PENDING', 'ORPHANED')
-             ORDER BY created_at LIMIT 10",
-            activity,
-        )
-        .await?;
-        (n, pending)
-    };
-    checks.push(check(
-        "compensations released in Redis (once quiet)",
-        format!(
-            "{settled} settled; PENDING ones are released by the compensation consumer or sweep"
-        ),
-        unsettled,
-    ));
-
-    let paid_canceled = ids(
-        pool,
-        "SELECT o.order_id FROM orders o WHERE o.activity_id = $1
+/// A canceled order that was paid; a paid order whose stock went back.
+const PAID_NEVER_CANCELED: Listed = Listed {
+    invariant: "paid orders canceled = 0",
+    evidence: "no canceled order was paid; no paid order gave its stock back",
+    sql: "SELECT o.order_id FROM orders o WHERE o.activity_id = $1
            AND (o.status = 'CANCELED' AND o.paid_at IS NOT NULL
                 OR o.status = 'PAID' AND EXISTS (
                     SELECT 1 FROM inventory_ledger l
                     WHERE l.reservation_id = o.reservation_id AND l.reason = 'ORDER_CANCELED'))
          LIMIT 10",
-        activity,
-    )
-    .await?;
-    checks.push(check(
-        "paid orders canceled = 0",
-        "no canceled order was paid; no paid order gave its stock back".into(),
-        paid_canceled,
-    ));
+};
 
-    let pg_broken: Vec<String> = per_sku
-        .iter()
-        .filter(|(_, total, avail, valid)| avail + valid != *total)
-        .map(|(sku, total, avail, valid)| {
-            format!("sku {sku}: available {avail} + valid {valid} != total {total}")
-        })
-        .collect();
-    let avail: i64 = per_sku.iter().map(|r| r.2).sum();
-    checks.push(check(
-        "PostgreSQL conservation: available + valid orders = total",
-        format!("{avail} + {valid} vs {total}"),
-        pg_broken,
-    ));
+async fn listed(pool: &PgPool, c: &Listed, activity: ActivityId) -> Result<Check, sqlx::Error> {
+    let counterexamples = ids(pool, c.sql, activity).await?;
+    Ok(check(c.invariant, c.evidence.into(), counterexamples))
+}
 
-    let mut redis_stock = 0i64;
-    for (sku, ..) in &per_sku {
-        redis_stock += store.stock(activity, *sku).await?.unwrap_or(0);
+async fn ids(pool: &PgPool, sql: &str, activity: ActivityId) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(sql).bind(activity).fetch_all(pool).await
+}
+
+// ---------------------------------------------------------------------------
+// Compensations released (§12.1 row 5): holds once the pipeline is quiet.
+// ---------------------------------------------------------------------------
+
+/// Tasks no longer `PENDING`: the evidence.
+const SETTLED_TASKS: &str =
+    "SELECT count(*) FROM compensation_tasks WHERE activity_id = $1 AND status <> 'PENDING'";
+
+/// Tasks still `PENDING` or `ORPHANED`, oldest first: the counterexamples.
+const UNSETTLED_TASKS: &str =
+    "SELECT reservation_id || ' (' || status || ', ' || source || ')' FROM compensation_tasks
+             WHERE activity_id = $1 AND status IN ('PENDING', 'ORPHANED')
+             ORDER BY created_at LIMIT 10";
+
+async fn compensations_released(pool: &PgPool, activity: ActivityId) -> Result<Check, sqlx::Error> {
+    let settled: i64 = sqlx::query_scalar(SETTLED_TASKS)
+        .bind(activity)
+        .fetch_one(pool)
+        .await?;
+    let unsettled = ids(pool, UNSETTLED_TASKS, activity).await?;
+    Ok(check(
+        "compensations released in Redis (once quiet)",
+        format!(
+            "{settled} settled; PENDING ones are released by the compensation consumer or sweep"
+        ),
+        unsettled,
+    ))
+}
+
+// ---------------------------------------------------------------------------
+// Redis conservation (§12.1 row 8): holds once the pipeline is quiet.
+// ---------------------------------------------------------------------------
+
+/// What Redis holds for the activity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RedisFigures {
+    /// Stock left, summed over the SKUs PostgreSQL knows (a missing key is 0).
+    stock: i64,
+    /// Buyers holding a live reservation.
+    live: i64,
+    /// Reservations still waiting for a confirmed send.
+    pending: u64,
+}
+
+async fn read_redis(
+    store: &ReservationStore,
+    activity: ActivityId,
+    per_sku: &[SkuStock],
+) -> Result<RedisFigures, ReservationError> {
+    let mut stock = 0i64;
+    for (sku, ..) in per_sku {
+        stock += store.stock(activity, *sku).await?.unwrap_or(0);
     }
     let live = store.live_reservations(activity).await? as i64;
     let pending = store.pending_count(activity).await?;
-    let redis_ok = redis_stock + live == total;
-    checks.push(check(
+    Ok(RedisFigures {
+        stock,
+        live,
+        pending,
+    })
+}
+
+/// Redis stock + live reservations = PostgreSQL's initial stock.
+fn redis_conservation(r: &RedisFigures, total: i64) -> Check {
+    let off_by = r.stock + r.live - total;
+    check(
         "Redis conservation: stock + live reservations = initial (once quiet)",
-        format!("{redis_stock} + {live} vs {total}; {pending} reservation(s) still pending send"),
-        if redis_ok {
+        format!(
+            "{} + {} vs {total}; {} reservation(s) still pending send",
+            r.stock, r.live, r.pending
+        ),
+        if off_by == 0 {
             Vec::new()
         } else {
-            vec![format!("off by {}", redis_stock + live - total)]
+            vec![format!("off by {off_by}")]
         },
-    ));
+    )
+}
 
-    Ok(Report {
-        activity_id: activity,
-        checks,
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sku(id: i64, total: i64, available: i64, valid: i64) -> SkuStock {
+        (SkuId(id), total, available, valid)
+    }
+
+    #[test]
+    fn stock_checks_pass_on_a_balanced_sale() {
+        let per_sku = [sku(1, 10, 4, 6), sku(2, 5, 5, 0)];
+        let within = within_stock(&per_sku);
+        assert_eq!(within.verdict, Verdict::Pass);
+        assert_eq!(within.evidence, "6 valid orders, stock 15");
+        let pg = pg_conservation(&per_sku);
+        assert_eq!(pg.verdict, Verdict::Pass);
+        assert_eq!(pg.evidence, "9 + 6 vs 15");
+    }
+
+    #[test]
+    fn an_oversold_sku_is_named() {
+        let per_sku = [sku(1, 10, 0, 10), sku(2, 5, -1, 6)];
+        let within = within_stock(&per_sku);
+        assert_eq!(within.verdict, Verdict::Fail);
+        assert_eq!(within.counterexamples, ["sku 2: 6 valid orders > stock 5"]);
+        assert_eq!(within.evidence, "16 valid orders, stock 15");
+    }
+
+    #[test]
+    fn stock_moved_without_an_order_breaks_pg_conservation() {
+        let pg = pg_conservation(&[sku(1, 10, 3, 6), sku(2, 5, 5, 0)]);
+        assert_eq!(pg.verdict, Verdict::Fail);
+        assert_eq!(
+            pg.counterexamples,
+            ["sku 1: available 3 + valid 6 != total 10"]
+        );
+        assert_eq!(pg.evidence, "8 + 6 vs 15");
+    }
+
+    #[test]
+    fn redis_conservation_names_the_difference() {
+        let quiet = RedisFigures {
+            stock: 4,
+            live: 6,
+            pending: 0,
+        };
+        let ok = redis_conservation(&quiet, 10);
+        assert_eq!(ok.verdict, Verdict::Pass);
+        assert_eq!(
+            ok.evidence,
+            "4 + 6 vs 10; 0 reservation(s) still pending send"
+        );
+        let leaked = redis_conservation(&RedisFigures { stock: 3, ..quiet }, 10);
+        assert_eq!(leaked.verdict, Verdict::Fail);
+        assert_eq!(leaked.counterexamples, ["off by -1"]);
+    }
+
+    #[test]
+    fn no_sku_means_nothing_to_break() {
+        assert_eq!(within_stock(&[]).evidence, "0 valid orders, stock 0");
+        assert_eq!(pg_conservation(&[]).verdict, Verdict::Pass);
+    }
 }

@@ -6,54 +6,170 @@
 
 use crate::domain::ids::ReservationId;
 use crate::domain::status::{OrderStatus, ReservationOutcome};
-use crate::reservation::{MqStatus, ReservationStore};
+use crate::reservation::{MqStatus, ReservationError, ReservationStore};
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use std::fmt;
 
-/// The status shown for a projected order.
-pub fn view_status(status: OrderStatus) -> &'static str {
-    match status {
-        OrderStatus::Created | OrderStatus::Paying => "ORDER_CREATED",
-        OrderStatus::Paid => "PAID",
-        OrderStatus::Canceled => "CANCELED",
+/// The status the API shows for a reservation. It serializes to the
+/// strings the HTTP API has always returned (clients and tests compare
+/// them), one per source: the projection (ORDER_CREATED, PAID, CANCELED),
+/// PostgreSQL's outcome (ORDER_CREATED, REJECTED_<reason>, RELEASED), or
+/// Redis while neither has spoken (QUEUED, SEND_FAILED, RELEASED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ReservationStatus {
+    /// Reserved in Redis; the order is on its way.
+    Queued,
+    /// The send failed for certain; the stock goes back (§6.6).
+    SendFailed,
+    /// An order exists (CREATED or PAYING).
+    OrderCreated,
+    Paid,
+    Canceled,
+    RejectedNoStock,
+    RejectedDuplicate,
+    RejectedExpired,
+    /// The stock and the buyer slot were given back.
+    Released,
+}
+
+impl ReservationStatus {
+    pub const ALL: [ReservationStatus; 9] = [
+        ReservationStatus::Queued,
+        ReservationStatus::SendFailed,
+        ReservationStatus::OrderCreated,
+        ReservationStatus::Paid,
+        ReservationStatus::Canceled,
+        ReservationStatus::RejectedNoStock,
+        ReservationStatus::RejectedDuplicate,
+        ReservationStatus::RejectedExpired,
+        ReservationStatus::Released,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationStatus::Queued => "QUEUED",
+            ReservationStatus::SendFailed => "SEND_FAILED",
+            ReservationStatus::OrderCreated => "ORDER_CREATED",
+            ReservationStatus::Paid => "PAID",
+            ReservationStatus::Canceled => "CANCELED",
+            ReservationStatus::RejectedNoStock => "REJECTED_NO_STOCK",
+            ReservationStatus::RejectedDuplicate => "REJECTED_DUPLICATE",
+            ReservationStatus::RejectedExpired => "REJECTED_EXPIRED",
+            ReservationStatus::Released => "RELEASED",
+        }
     }
 }
 
-/// `Some("ORDER_CREATED" | "PAID" | "CANCELED" | "REJECTED_<reason>" | "RELEASED" | "QUEUED" | "SEND_FAILED")`, or `None` if unknown.
+impl fmt::Display for ReservationStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// PostgreSQL's final word on the reservation (§4): shown as it is.
+impl From<ReservationOutcome> for ReservationStatus {
+    fn from(o: ReservationOutcome) -> Self {
+        match o {
+            ReservationOutcome::OrderCreated => ReservationStatus::OrderCreated,
+            ReservationOutcome::RejectedNoStock => ReservationStatus::RejectedNoStock,
+            ReservationOutcome::RejectedDuplicate => ReservationStatus::RejectedDuplicate,
+            ReservationOutcome::RejectedExpired => ReservationStatus::RejectedExpired,
+            ReservationOutcome::Released => ReservationStatus::Released,
+        }
+    }
+}
+
+/// The status shown for a projected order (pure): a buyer sees an order
+/// being paid as created until the payment lands (§8.4).
+pub fn view_status(status: OrderStatus) -> ReservationStatus {
+    match status {
+        OrderStatus::Created | OrderStatus::Paying => ReservationStatus::OrderCreated,
+        OrderStatus::Paid => ReservationStatus::Paid,
+        OrderStatus::Canceled => ReservationStatus::Canceled,
+    }
+}
+
+/// The status of a reservation only Redis knows of (pure): anything not
+/// yet failed or released is still on its way.
+pub fn queued_status(mq: MqStatus) -> ReservationStatus {
+    match mq {
+        MqStatus::SendFailed => ReservationStatus::SendFailed,
+        MqStatus::Released => ReservationStatus::Released,
+        MqStatus::MqPending | MqStatus::Sending | MqStatus::MqSent => ReservationStatus::Queued,
+    }
+}
+
+/// Why the status could not be read; the HTTP API answers 503 with this
+/// text, as it always did (the store's own message).
+#[derive(Debug, thiserror::Error)]
+pub enum ReservationStatusError {
+    /// Redis (the projection or the reservation hash) did not answer.
+    #[error(transparent)]
+    Redis(#[from] ReservationError),
+    /// PostgreSQL did not answer.
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+/// The reservation's status, or `None` if no store knows it.
 pub async fn lookup(
     pool: &PgPool,
     store: &ReservationStore,
     id: &ReservationId,
-) -> Result<Option<String>, String> {
-    let activities = store.activities().await.map_err(|e| e.to_string())?;
+) -> Result<Option<ReservationStatus>, ReservationStatusError> {
+    let activities = store.activities().await?;
     for activity in &activities {
-        if let Some(v) = store
-            .order_view(*activity, id)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            return Ok(Some(view_status(v.status).to_owned()));
+        if let Some(v) = store.order_view(*activity, id).await? {
+            return Ok(Some(view_status(v.status)));
         }
     }
     let outcome: Option<ReservationOutcome> =
         sqlx::query_scalar("SELECT outcome FROM reservations WHERE reservation_id = $1")
             .bind(id)
             .fetch_optional(pool)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
     if let Some(o) = outcome {
-        return Ok(Some(o.as_str().to_owned()));
+        return Ok(Some(o.into()));
     }
     for activity in activities {
-        if let Some(r) = store.get(activity, id).await.map_err(|e| e.to_string())? {
-            return Ok(Some(
-                match r.mq_status {
-                    MqStatus::SendFailed => "SEND_FAILED",
-                    MqStatus::Released => "RELEASED",
-                    _ => "QUEUED",
-                }
-                .to_owned(),
-            ));
+        if let Some(r) = store.get(activity, id).await? {
+            return Ok(Some(queued_status(r.mq_status)));
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_serializes_to_the_string_the_api_always_returned() {
+        for s in ReservationStatus::ALL {
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                format!("\"{}\"", s.as_str())
+            );
+            assert_eq!(
+                serde_json::from_str::<ReservationStatus>(&format!("\"{s}\"")).unwrap(),
+                s
+            );
+        }
+        // PostgreSQL's outcome was shown by its label.
+        for o in ReservationOutcome::ALL {
+            assert_eq!(ReservationStatus::from(*o).as_str(), o.as_str());
+        }
+    }
+
+    #[test]
+    fn projected_orders_and_redis_states_map_as_before() {
+        assert_eq!(view_status(OrderStatus::Paying).as_str(), "ORDER_CREATED");
+        assert_eq!(view_status(OrderStatus::Paid).as_str(), "PAID");
+        assert_eq!(view_status(OrderStatus::Canceled).as_str(), "CANCELED");
+        assert_eq!(queued_status(MqStatus::SendFailed).as_str(), "SEND_FAILED");
+        assert_eq!(queued_status(MqStatus::Released).as_str(), "RELEASED");
+        assert_eq!(queued_status(MqStatus::MqSent).as_str(), "QUEUED");
+    }
 }

@@ -201,6 +201,10 @@ pub async fn pay(
 /// back to `inventory`, open the compensation task and queue the Redis
 /// release and the `ORDER_CANCELED` event. `cause` is the message (or the
 /// sweep's own id) recorded on the ledger row.
+///
+/// The statements run in this order, all in `tx`: the conditional update;
+/// then either the read that says why it matched nothing, or the stock
+/// return (one statement) and the event's outbox row.
 pub async fn cancel_in(
     tx: &mut Transaction<'static, Postgres>,
     names: &Names,
@@ -209,7 +213,36 @@ pub async fn cancel_in(
     reason: &str,
     cause: &str,
 ) -> Result<CancelOutcome, sqlx::Error> {
-    let canceled: Option<OrderRow> = sqlx::query_as(&format!(
+    let Some(order) = cancel_if_unpaid(tx, id, mode, reason).await? else {
+        return cancel_matched_nothing(tx, id).await;
+    };
+    let release = release_message(&order, reason, MessageId::generate());
+    let (stocked, comp) = return_stock(tx, names, &order, cause, reason, &release).await?;
+    if stocked != 1 || comp != 1 {
+        tracing::error!(
+            order_id = %order.order_id, reservation_id = %order.reservation_id, stocked, comp,
+            "canceled an order whose stock was already returned or compensated; not returning it twice"
+        );
+    }
+    insert_outbox(tx, &[order_event(&order).into_row(names)]).await?;
+    Ok(CancelOutcome::Canceled {
+        order: Box::new(order),
+    })
+}
+
+/// The conditional cancel: the one statement that makes payment and cancel
+/// exclusive (docs/architecture.md §8.4). Both lock the order row and
+/// PostgreSQL re-checks the `WHERE` against the winner's commit, so it must
+/// stay a single `UPDATE ... WHERE status IN (...)`, never a read then a
+/// write. `CancelMode::Now` drops only the time condition. Returns the
+/// canceled order, or `None` if it matched nothing.
+async fn cancel_if_unpaid(
+    tx: &mut Transaction<'static, Postgres>,
+    id: &OrderId,
+    mode: CancelMode,
+    reason: &str,
+) -> Result<Option<OrderRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
         "UPDATE orders
          SET status = 'CANCELED', canceled_at = now(), cancel_reason = $2,
              aggregate_version = aggregate_version + 1, updated_at = now()
@@ -221,24 +254,33 @@ pub async fn cancel_in(
     .bind(reason)
     .bind(mode == CancelMode::Now)
     .fetch_optional(&mut **tx)
-    .await?;
-    let Some(order) = canceled else {
-        let order: Option<OrderRow> =
-            sqlx::query_as(&format!("SELECT {COLUMNS} FROM orders WHERE order_id = $1"))
-                .bind(id)
-                .fetch_optional(&mut **tx)
-                .await?;
-        return Ok(CancelOutcome::NoOp {
-            reason: cancel_noop(order.as_ref()),
-            order: order.map(Box::new),
-        });
-    };
+    .await
+}
 
-    let release_id = MessageId::generate();
-    let release = ReleaseReservation {
+/// The no-op answer: reads the order as it stands after the update, in the
+/// same transaction, and says why nothing matched ([`cancel_noop`]).
+async fn cancel_matched_nothing(
+    tx: &mut Transaction<'static, Postgres>,
+    id: &OrderId,
+) -> Result<CancelOutcome, sqlx::Error> {
+    let order: Option<OrderRow> =
+        sqlx::query_as(&format!("SELECT {COLUMNS} FROM orders WHERE order_id = $1"))
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    Ok(CancelOutcome::NoOp {
+        reason: cancel_noop(order.as_ref()),
+        order: order.map(Box::new),
+    })
+}
+
+/// The Redis release a cancellation queues (docs/architecture.md §8.5), stamped
+/// with the transaction's clock (pure).
+fn release_message(order: &OrderRow, reason: &str, release_id: MessageId) -> ReleaseReservation {
+    ReleaseReservation {
         schema_version: SCHEMA_VERSION,
         event_type: RELEASE_RESERVATION_EVENT.to_owned(),
-        message_id: release_id.clone(),
+        message_id: release_id,
         reservation_id: order.reservation_id.clone(),
         activity_id: order.activity_id,
         sku_id: order.sku_id,
@@ -246,11 +288,27 @@ pub async fn cancel_in(
         source: CompensationSource::Cancellation,
         reason: reason.to_owned(),
         created_at: order.tx_now,
-    };
-    // The ledger's UNIQUE (reservation_id, reason) makes the stock step
-    // idempotent by construction; the status guard above already makes it
-    // once-only, so a conflict here would mean a hand-edited row.
-    let (stocked, comp): (i64, i64) = sqlx::query_as(
+    }
+}
+
+/// Gives the canceled order's unit back, in one statement: the ledger row
+/// (+1), the unit in `inventory`, the `CANCELLATION` compensation task and
+/// its `RELEASE_RESERVATION` outbox row (docs/architecture.md §8.3). Returns
+/// how many stock rows and compensation tasks it wrote (1 and 1 normally).
+///
+/// The ledger's UNIQUE (reservation_id, reason) makes the stock step
+/// idempotent by construction; the status guard of [`cancel_if_unpaid`]
+/// already makes it once-only, so a conflict here would mean a hand-edited
+/// row.
+async fn return_stock(
+    tx: &mut Transaction<'static, Postgres>,
+    names: &Names,
+    order: &OrderRow,
+    cause: &str,
+    reason: &str,
+    release: &ReleaseReservation,
+) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
         "WITH ledger AS (
              INSERT INTO inventory_ledger (reservation_id, order_id, activity_id, sku_id, reason, delta, message_id)
              VALUES ($1, $2, $3, $4, 'ORDER_CANCELED', 1, $5)
@@ -278,22 +336,12 @@ pub async fn cancel_in(
     .bind(cause)
     .bind(order.user_id)
     .bind(reason)
-    .bind(&release_id)
+    .bind(&release.message_id)
     .bind(names.topic(TopicKind::InventoryCompensate))
     .bind(TAG_RELEASE_RESERVATION)
-    .bind(json(&release))
+    .bind(json(release))
     .fetch_one(&mut **tx)
-    .await?;
-    if stocked != 1 || comp != 1 {
-        tracing::error!(
-            order_id = %order.order_id, reservation_id = %order.reservation_id, stocked, comp,
-            "canceled an order whose stock was already returned or compensated; not returning it twice"
-        );
-    }
-    insert_outbox(tx, &[order_event(&order).into_row(names)]).await?;
-    Ok(CancelOutcome::Canceled {
-        order: Box::new(order),
-    })
+    .await
 }
 
 /// Cancels one order in its own transaction (the sweep and the CLI).

@@ -202,6 +202,11 @@ impl OrderPath {
 
 /// One pass: claim, send, record. Returns what it did; a database error
 /// leaves the claimed rows to be re-claimed when their lease lapses.
+///
+/// The effects run in this order, each step finishing before the next
+/// (docs/architecture.md §8.1): the claim commits on its own, so the lease
+/// holds while the sends are out; every send is answered (or its task
+/// panicked) before anything is written back; then SENT, then the retries.
 pub async fn publish_once<P: Producer>(
     deps: &OutboxDeps<P>,
     cfg: &OutboxConfig,
@@ -219,7 +224,26 @@ pub async fn publish_once<P: Producer>(
     if rows.is_empty() {
         return Ok(report);
     }
-    let now = Utc::now();
+    let sends = spawn_sends(deps, cfg, rows, Utc::now());
+    let settled = settle_sends(deps, cfg, sends).await;
+    report.sent = settled.sent.len();
+    report.retry = settled.retry.len();
+    mark_sent(&deps.pool, &settled.sent).await?;
+    mark_retry(&deps.pool, &settled.retry).await?;
+    Ok(report)
+}
+
+/// One send unit's task: the rows it carried and how the broker answered.
+type SendTask = (Vec<Claimed>, SendOutcome);
+
+/// Starts one task per send unit of [`plan_sends`], at most `in_flight`
+/// of them talking to the broker at once (docs/architecture.md §8.1).
+fn spawn_sends<P: Producer>(
+    deps: &OutboxDeps<P>,
+    cfg: &OutboxConfig,
+    rows: Vec<Claimed>,
+    now: DateTime<Utc>,
+) -> JoinSet<SendTask> {
     let mut sends = JoinSet::new();
     let permits = Arc::new(tokio::sync::Semaphore::new(cfg.in_flight.max(1)));
     for unit in plan_sends(rows, now) {
@@ -227,18 +251,45 @@ pub async fn publish_once<P: Producer>(
         let permits = permits.clone();
         sends.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            let mut msgs: Vec<OutgoingMessage> = unit.iter().map(|r| r.to_outgoing(now)).collect();
-            let outcome = if msgs.len() == 1 {
-                producer.send(msgs.remove(0), timeout).await
-            } else {
-                producer.send_batch(msgs, timeout).await
-            };
+            let outcome = send_unit(&producer, &unit, now, timeout).await;
             (unit, outcome)
         });
     }
+    sends
+}
 
-    let mut sent = Vec::new();
-    let mut retry: Vec<(i64, i64, String)> = Vec::new();
+/// Sends one unit: a lone message (a timer, or a route's single row) as a
+/// plain send, anything more as one batch request.
+async fn send_unit<P: Producer>(
+    producer: &P,
+    unit: &[Claimed],
+    now: DateTime<Utc>,
+    timeout: Duration,
+) -> SendOutcome {
+    let mut msgs: Vec<OutgoingMessage> = unit.iter().map(|r| r.to_outgoing(now)).collect();
+    if msgs.len() == 1 {
+        producer.send(msgs.remove(0), timeout).await
+    } else {
+        producer.send_batch(msgs, timeout).await
+    }
+}
+
+/// What the pass writes back once every send has answered.
+#[derive(Debug, Default)]
+struct Settled {
+    /// Rows to mark SENT.
+    sent: Vec<i64>,
+    /// Rows to keep PENDING: (outbox_id, backoff in ms, error).
+    retry: Vec<(i64, i64, String)>,
+}
+
+/// Waits for every send, counting and logging each answer as it arrives.
+async fn settle_sends<P: Producer>(
+    deps: &OutboxDeps<P>,
+    cfg: &OutboxConfig,
+    mut sends: JoinSet<SendTask>,
+) -> Settled {
+    let mut settled = Settled::default();
     while let Some(done) = sends.join_next().await {
         let Ok((unit, outcome)) = done else {
             // A panicked send task: its rows stay claimed until the lease
@@ -248,50 +299,74 @@ pub async fn publish_once<P: Producer>(
         match &outcome {
             SendOutcome::Confirmed(_) => {
                 deps.stats.outbox_sent.add(unit.len() as u64);
-                sent.extend(unit.iter().map(|r| r.outbox_id));
+                settled.sent.extend(unit.iter().map(|r| r.outbox_id));
             }
             SendOutcome::Unknown { detail, .. } | SendOutcome::DefiniteFailure { detail, .. } => {
-                // Neither outcome loses the row: an UNKNOWN may have been
-                // stored (re-send, same id), and a definite failure here
-                // (topic missing, no permission) is an operator's to fix;
-                // the row waits, with its error, until it goes through.
-                let counter = if matches!(outcome, SendOutcome::Unknown { .. }) {
-                    &deps.stats.outbox_unknown
-                } else {
-                    &deps.stats.outbox_failed
-                };
-                counter.add(unit.len() as u64);
-                tracing::warn!(
-                    outcome = outcome.label(), rows = unit.len(), topic = %unit[0].topic,
-                    error = %detail, "outbox send not confirmed; will retry"
-                );
-                for r in &unit {
-                    let delay = backoff_ms(
-                        r.attempts.max(1) as u32,
-                        cfg.backoff_base_ms,
-                        cfg.backoff_max_ms,
-                        rand::random::<f64>(),
-                    );
-                    retry.push((
-                        r.outbox_id,
-                        delay as i64,
-                        format!("{}: {detail}", outcome.label()),
-                    ));
-                }
+                settled
+                    .retry
+                    .extend(not_confirmed(deps, cfg, &unit, &outcome, detail));
             }
         }
     }
-    report.sent = sent.len();
-    report.retry = retry.len();
+    settled
+}
+
+/// A unit the broker did not confirm. Neither outcome loses the row
+/// (docs/architecture.md §8.1): an UNKNOWN may have been stored (re-send,
+/// same id), and a definite failure here (topic missing, no permission) is
+/// an operator's to fix; the row waits, with its error, until it goes
+/// through. Returns each row's retry.
+fn not_confirmed<P: Producer>(
+    deps: &OutboxDeps<P>,
+    cfg: &OutboxConfig,
+    unit: &[Claimed],
+    outcome: &SendOutcome,
+    detail: &str,
+) -> Vec<(i64, i64, String)> {
+    let counter = if matches!(outcome, SendOutcome::Unknown { .. }) {
+        &deps.stats.outbox_unknown
+    } else {
+        &deps.stats.outbox_failed
+    };
+    counter.add(unit.len() as u64);
+    tracing::warn!(
+        outcome = outcome.label(), rows = unit.len(), topic = %unit[0].topic,
+        error = %detail, "outbox send not confirmed; will retry"
+    );
+    unit.iter()
+        .map(|r| {
+            let delay = backoff_ms(
+                r.attempts.max(1) as u32,
+                cfg.backoff_base_ms,
+                cfg.backoff_max_ms,
+                rand::random::<f64>(),
+            );
+            (
+                r.outbox_id,
+                delay as i64,
+                format!("{}: {detail}", outcome.label()),
+            )
+        })
+        .collect()
+}
+
+/// Marks confirmed rows SENT; nothing to do, no statement.
+async fn mark_sent(pool: &PgPool, sent: &[i64]) -> Result<(), sqlx::Error> {
     if !sent.is_empty() {
         sqlx::query(
             "UPDATE event_outbox SET status = 'SENT', sent_at = now(), last_error = NULL
              WHERE outbox_id = ANY($1) AND status = 'PENDING'",
         )
-        .bind(&sent)
-        .execute(&deps.pool)
+        .bind(sent)
+        .execute(pool)
         .await?;
     }
+    Ok(())
+}
+
+/// Pushes unconfirmed rows' next attempt out by their backoff, with the
+/// error, in one statement; nothing to do, no statement.
+async fn mark_retry(pool: &PgPool, retry: &[(i64, i64, String)]) -> Result<(), sqlx::Error> {
     if !retry.is_empty() {
         sqlx::query(
             "UPDATE event_outbox o
@@ -302,10 +377,10 @@ pub async fn publish_once<P: Producer>(
         .bind(retry.iter().map(|r| r.0).collect::<Vec<_>>())
         .bind(retry.iter().map(|r| r.1).collect::<Vec<_>>())
         .bind(retry.iter().map(|r| r.2.clone()).collect::<Vec<_>>())
-        .execute(&deps.pool)
+        .execute(pool)
         .await?;
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Runs passes until `cancel`: back to back while claims come back full,

@@ -19,7 +19,7 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
                 Style::new()
             };
             Row::new(vec![
-                Cell::from(t.ticket_id.clone()),
+                Cell::from(t.ticket_id.to_string()),
                 Cell::from(t.status.to_string()),
                 Cell::from(t.owner.clone().unwrap_or_else(|| "-".into())),
                 Cell::from(t.error_class.to_string()),

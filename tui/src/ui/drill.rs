@@ -2,7 +2,7 @@
 //! run) of the selected one.
 
 use super::{age, panel};
-use crate::state::State;
+use crate::state::{Drill, State};
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -14,6 +14,12 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
     let now = s.data.as_ref().map_or(0, |d| d.at_ms);
     let [top, bottom] =
         Layout::vertical([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
+    messages(d, now, f, top);
+    checks(d, f, bottom);
+}
+
+/// The ticket's messages, the selected one highlighted.
+fn messages(d: &Drill, now: i64, f: &mut Frame, top: Rect) {
     let title = match &d.ticket {
         Some(t) => format!(
             "ticket {} · {} · {} · {} · owner {}",
@@ -30,7 +36,7 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
         .iter()
         .map(|e| {
             Row::new(vec![
-                Cell::from(e.message_id.clone()),
+                Cell::from(e.message_id.to_string()),
                 Cell::from(e.status.to_string()),
                 Cell::from(e.delivery_attempts.to_string()),
                 Cell::from(e.replay_count.to_string()),
@@ -57,7 +63,10 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
     let mut ts = TableState::default();
     ts.select((!d.entries.is_empty()).then_some(d.selected));
     f.render_stateful_widget(table, top, &mut ts);
+}
 
+/// The selected message's pre-check verdicts, or its dry run.
+fn checks(d: &Drill, f: &mut Frame, bottom: Rect) {
     let heading = match (&d.dry_run, d.entry()) {
         (Some(r), _) => format!("dry run of {}: {}", r.message_id, r.decision),
         (None, Some(e)) => format!("pre-checks of {} (read-only)", e.message_id),

@@ -1,9 +1,11 @@
-//! The order transaction (docs/architecture.md §7): runs the [`sql`] statements in
-//! order, with the pure [`plan`] deciding between round trips. A batch of N
-//! messages is `BEGIN`, four statements and `COMMIT`, whatever N is, with
+//! The order transaction of docs/architecture.md §7.1, one step per round
+//! trip: [`process`] reads as the table there, each step runs one [`sql`]
+//! statement, and the pure [`plan`] decides between round trips. A batch of
+//! N messages is `BEGIN`, four statements and `COMMIT`, whatever N is, with
 //! the stock taken last so the hot inventory row is locked only for that
-//! statement and the commit (see [`sql::TAKE_STOCK`]). Two more statements
-//! run only in the batch that gets fewer units than it placed orders.
+//! statement and the commit (§7.2, [`sql::TAKE_STOCK`]). Two more
+//! statements run only in the batch that gets fewer units than it placed
+//! orders (step 4′).
 
 use super::plan::{self, Allocation, Fresh, Screened};
 use super::{MessageOutcome, Parsed, ProcessError, RejectReason, sql};
@@ -25,6 +27,14 @@ use std::collections::{HashMap, HashSet};
 /// Result code of a message whose reservation was decided by another message.
 const DUPLICATE_RESERVATION: &str = "DUPLICATE_RESERVATION";
 
+/// Runs the transaction of docs/architecture.md §7.1 for one listener batch
+/// and commits it; one outcome per message, in input order. Each step below
+/// is one row of that table, in its order. The order is the design, not a
+/// detail: the stock must stay last (§7.2), and the pgbench scripts in
+/// `tests/bench/` run these statements in this order to measure it (§7), so
+/// no step is moved, merged or added here without them. On error the
+/// transaction is dropped uncommitted (rolled back) and the handler retries
+/// the batch (§7.3).
 pub(super) async fn process(
     pool: &PgPool,
     group: &str,
@@ -32,44 +42,143 @@ pub(super) async fn process(
     msgs: &[Parsed],
     stats: &ConsumeStats,
 ) -> Result<Vec<MessageOutcome>, ProcessError> {
-    let mut outcomes: Vec<Option<MessageOutcome>> = vec![None; msgs.len()];
-
-    // The same message_id twice in one batch counts once: the first copy
-    // competes, the others are already processed by it.
-    let mut seen: HashSet<&MessageId> = HashSet::with_capacity(msgs.len());
-    let mut batch: Vec<usize> = Vec::with_capacity(msgs.len());
-    for (i, p) in msgs.iter().enumerate() {
-        if seen.insert(&p.msg.message_id) {
-            batch.push(i);
-        } else {
-            outcomes[i] = Some(MessageOutcome::AlreadyProcessed);
-        }
-    }
-    if batch.is_empty() {
+    // Before BEGIN: a repeated message_id counts once, oldest reservation
+    // first (it wins the stock and the user's single order).
+    let competing = plan::batch_order(
+        msgs,
+        |p| &p.msg.message_id,
+        |p| p.msg.reservation_created_at,
+    );
+    if competing.is_empty() {
         return Ok(Vec::new());
     }
-    // Oldest reservation first: it wins stock and the user's one order.
-    batch.sort_by_key(|&i| (msgs[i].msg.reservation_created_at, i));
-    let ordered: Vec<&Parsed> = batch.iter().map(|&i| &msgs[i]).collect();
+    let ordered: Vec<&Parsed> = competing.iter().map(|&i| &msgs[i]).collect();
 
-    // The wait for a pooled connection is what docs/architecture.md §10.7 warns about when
-    // consumers outnumber the PostgreSQL budget; it includes BEGIN's round trip.
-    let asked = std::time::Instant::now();
-    let mut tx = pool.begin_with(sql::BEGIN).await?;
-    stats.pool_wait.record(asked.elapsed());
-
-    // Round trip 1: inbox and reservation claims.
+    // Step 0: BEGIN ISOLATION LEVEL READ COMMITTED.
+    let mut tx = begin(pool, stats).await?;
+    // Step 1: the inbox rows and the reservation claims.
     let rows = inbox_and_claim(&mut tx, group, &ordered).await?;
-    let (fresh_pos, fresh, pay_within) = fresh_in_batch_order(&ordered, &rows);
     let Some(tx_now) = rows.first().map(|r| r.tx_now) else {
         // Every message was consumed before: nothing was written.
         tx.commit().await?;
         return Ok(vec![MessageOutcome::AlreadyProcessed; msgs.len()]);
     };
+    let batch = Batch::claimed(group, names, &ordered, &rows, tx_now);
+    // Pure, before any order exists: duplicates, rejections, candidates.
+    let (screened, candidates) = screen(&batch)?;
+    // Step 2: an order per candidate.
+    let (placed, mut decided) = place_orders(&mut tx, &batch, &candidates, screened).await?;
+    // Step 3: ledger, rejections, compensations, outbox, inbox.
+    write_side_rows(&mut tx, &batch, &placed, &decided).await?;
+    // Step 4: the stock, last, so the hot row is locked only from here to
+    // the end of the commit (§7.2).
+    let unserved = take_stock_last(&mut tx, &batch, &placed).await?;
+    // Step 4′: only when fewer units were granted than orders placed.
+    if !unserved.is_empty() {
+        settle_shortfall(&mut tx, &batch, &placed, &unserved, &mut decided).await?;
+    }
+    // Step 5: COMMIT; the handler ACKs only after this returns (§7.3).
+    tx.commit().await?;
 
-    // Per fresh message (index into `fresh`), its outcome so far.
-    let screened = plan::screen(&fresh);
-    let mut decided: Vec<Option<MessageOutcome>> = screened
+    Ok(plan::in_input_order(
+        msgs.len(),
+        &competing,
+        &batch.fresh_pos,
+        decided,
+    ))
+}
+
+/// Step 0 (docs/architecture.md §7.1). The wait for a pooled connection is
+/// what §10.7 warns about when consumers outnumber the PostgreSQL budget;
+/// it includes BEGIN's round trip, and is recorded only when it succeeds.
+async fn begin(
+    pool: &PgPool,
+    stats: &ConsumeStats,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    let asked = std::time::Instant::now();
+    let tx = pool.begin_with(sql::BEGIN).await?;
+    stats.pool_wait.record(asked.elapsed());
+    Ok(tx)
+}
+
+/// The batch as every step after the claim sees it (docs/architecture.md
+/// §7.1). Each step borrows it, so nothing per message is copied between
+/// round trips. A *fresh* message (one new to the inbox) is named by its
+/// index into `fresh`, in batch order.
+struct Batch<'a> {
+    group: &'a str,
+    names: &'a Names,
+    /// The competing messages, oldest reservation first.
+    ordered: &'a [&'a Parsed],
+    /// Per fresh message, its position in `ordered`.
+    fresh_pos: Vec<usize>,
+    /// Per fresh message, what the claim said about it.
+    fresh: Vec<Fresh>,
+    /// The transaction's `now()`, as [`sql::INBOX_AND_CLAIM`] read it.
+    tx_now: DateTime<Utc>,
+}
+
+impl<'a> Batch<'a> {
+    /// The messages new to the inbox, in batch order, from the claim's rows
+    /// (which come back in no particular order).
+    fn claimed(
+        group: &'a str,
+        names: &'a Names,
+        ordered: &'a [&'a Parsed],
+        rows: &[ClaimRow],
+        tx_now: DateTime<Utc>,
+    ) -> Self {
+        let pos: HashMap<&MessageId, usize> = ordered
+            .iter()
+            .enumerate()
+            .map(|(k, p)| (&p.msg.message_id, k))
+            .collect();
+        let mut by_pos: Vec<(usize, &ClaimRow)> = rows
+            .iter()
+            .filter_map(|r| pos.get(&r.message_id).map(|&k| (k, r)))
+            .collect();
+        by_pos.sort_by_key(|(k, _)| *k);
+        let mut fresh_pos = Vec::with_capacity(by_pos.len());
+        let mut fresh = Vec::with_capacity(by_pos.len());
+        for (k, r) in by_pos {
+            let m = &ordered[k].msg;
+            fresh_pos.push(k);
+            fresh.push(Fresh {
+                activity_id: m.activity_id,
+                sku_id: m.sku_id,
+                user_id: m.user_id,
+                claimed: r.outcome,
+                user_has_order: r.user_has_order,
+                pay_within_ms: r.pay_within_ms,
+            });
+        }
+        Batch {
+            group,
+            names,
+            ordered,
+            fresh_pos,
+            fresh,
+            tx_now,
+        }
+    }
+
+    /// The message of fresh message `f`.
+    fn msg(&self, f: usize) -> &'a OrderCreateRequested {
+        &self.ordered[self.fresh_pos[f]].msg
+    }
+}
+
+/// Between round trips 1 and 2, pure (docs/architecture.md §7.1,
+/// `plan::screen`): per fresh message, its outcome as far as it is known
+/// before any order exists (`None`: a candidate), and the candidates in
+/// batch order. A candidate's SKU without an inventory row fails the batch
+/// here, before the order insert would fail on its foreign key with a plain
+/// database error: the handler sets that SKU's messages aside and runs the
+/// rest again (§7.3), and the broker dead-letters them if nobody adds the
+/// row (§9).
+fn screen(b: &Batch<'_>) -> Result<(Vec<Option<MessageOutcome>>, Vec<usize>), ProcessError> {
+    let screened = plan::screen(&b.fresh);
+    let decided: Vec<Option<MessageOutcome>> = screened
         .iter()
         .map(|s| match s {
             Screened::DuplicateReservation => Some(MessageOutcome::DuplicateReservation),
@@ -77,39 +186,41 @@ pub(super) async fn process(
             Screened::Candidate => None,
         })
         .collect();
-    let candidates: Vec<usize> = (0..fresh.len())
+    let candidates: Vec<usize> = (0..b.fresh.len())
         .filter(|&f| screened[f] == Screened::Candidate)
         .collect();
-
-    // A candidate's SKU without an inventory row fails the batch here, before
-    // the order insert would fail on its foreign key with a plain database
-    // error: the handler sets that SKU's messages aside (docs/architecture.md §9). The
-    // first such SKU in key order, as the lock order would meet it.
-    if let Some(f) = candidates
-        .iter()
-        .filter(|&&f| pay_within[f].is_none())
-        .min_by_key(|&&f| (fresh[f].activity_id, fresh[f].sku_id))
-    {
+    if let Some((activity_id, sku_id)) = plan::missing_inventory(&b.fresh, &candidates) {
         return Err(ProcessError::MissingInventory {
-            activity_id: fresh[*f].activity_id,
-            sku_id: fresh[*f].sku_id,
+            activity_id,
+            sku_id,
         });
     }
+    Ok((decided, candidates))
+}
 
-    // Round trip 2: an order for every candidate, before any stock is taken.
-    // A candidate whose user a concurrent order took is a duplicate.
+/// Round trip 2 (docs/architecture.md §7.1 step 2): an order for every
+/// candidate, before any stock is taken (§7.2). A candidate whose user a
+/// concurrent order took is a duplicate instead, and wants no unit. After
+/// this every fresh message is decided: returns the orders placed and
+/// every fresh message's outcome.
+async fn place_orders(
+    tx: &mut Transaction<'static, Postgres>,
+    b: &Batch<'_>,
+    candidates: &[usize],
+    mut decided: Vec<Option<MessageOutcome>>,
+) -> Result<(Vec<Placed>, Vec<MessageOutcome>), sqlx::Error> {
     let mut placed: Vec<Placed> = Vec::new();
     if !candidates.is_empty() {
         let expires: Vec<DateTime<Utc>> = candidates
             .iter()
             .map(|&f| {
-                let ms = pay_within[f].expect("checked above");
-                tx_now + chrono::Duration::milliseconds(ms)
+                let ms = b.fresh[f].pay_within_ms.expect("checked by screen");
+                b.tx_now + chrono::Duration::milliseconds(ms)
             })
             .collect();
-        let inserted = insert_orders(&mut tx, &ordered, &fresh_pos, &candidates, &expires).await?;
+        let inserted = insert_orders(tx, b, candidates, &expires).await?;
         for (&f, &expires_at) in candidates.iter().zip(&expires) {
-            let m = &ordered[fresh_pos[f]].msg;
+            let m = b.msg(f);
             if inserted.contains(&m.order_id) {
                 placed.push(Placed::new(f, expires_at));
                 decided[f] = Some(MessageOutcome::Created {
@@ -120,116 +231,83 @@ pub(super) async fn process(
             }
         }
     }
-    let mut decided: Vec<MessageOutcome> = decided
+    let decided: Vec<MessageOutcome> = decided
         .into_iter()
         .map(|d| d.expect("every fresh message is decided by now"))
         .collect();
-
-    // Round trip 3: ledger, outcomes, compensations, outbox, inbox, written
-    // as if every placed order gets its unit.
-    Finish::build(
-        group,
-        names,
-        tx_now,
-        &ordered,
-        &fresh_pos,
-        decided.iter().enumerate(),
-        &placed,
-    )
-    .run(&mut tx)
-    .await?;
-
-    // Round trip 4: the stock, last, so the hot row is locked only from here
-    // to the end of the commit.
-    let alloc = Allocation::new(placed.iter().map(|p| {
-        let m = &ordered[fresh_pos[p.fresh]].msg;
-        (p.fresh, m.activity_id, m.sku_id)
-    }));
-    if !alloc.is_empty() {
-        let granted = take_stock(&mut tx, &alloc.wanted()).await?;
-        let unserved = alloc.unserved(|a, s| {
-            granted
-                .iter()
-                .find(|g| g.activity_id == a && g.sku_id == s)
-                .map_or(0, |g| g.granted)
-        });
-        if !unserved.is_empty() {
-            // Fewer units than orders: the newest orders become NO_STOCK
-            // rejections, each compensated once, in this same transaction,
-            // so nothing of the optimistic rows is ever seen.
-            for &f in &unserved {
-                decided[f] = MessageOutcome::Rejected(RejectReason::NoStock);
-            }
-            let undone: Vec<&Placed> = placed
-                .iter()
-                .filter(|p| unserved.binary_search(&p.fresh).is_ok())
-                .collect();
-            let deleted = undo_orders(&mut tx, &ordered, &fresh_pos, &undone).await?;
-            debug_assert_eq!(deleted, undone.len() as i64, "rows of this transaction");
-            Finish::build(
-                group,
-                names,
-                tx_now,
-                &ordered,
-                &fresh_pos,
-                unserved.iter().map(|&f| (f, &decided[f])),
-                &[],
-            )
-            .run(&mut tx)
-            .await?;
-        }
-    }
-    tx.commit().await?;
-
-    // Back to input order.
-    let mut by_pos: Vec<Option<MessageOutcome>> = vec![None; ordered.len()];
-    for (f, d) in decided.into_iter().enumerate() {
-        by_pos[fresh_pos[f]] = Some(d);
-    }
-    for (k, d) in by_pos.into_iter().enumerate() {
-        outcomes[batch[k]] = Some(d.unwrap_or(MessageOutcome::AlreadyProcessed));
-    }
-    Ok(outcomes
-        .into_iter()
-        .map(|o| o.unwrap_or(MessageOutcome::AlreadyProcessed))
-        .collect())
+    Ok((placed, decided))
 }
 
-/// The messages new to the inbox, in batch order: each one's position in
-/// `ordered`, what the claim said about it, and its activity's payment
-/// window (`None`: no inventory row for its SKU).
-fn fresh_in_batch_order(
-    ordered: &[&Parsed],
-    rows: &[ClaimRow],
-) -> (Vec<usize>, Vec<Fresh>, Vec<Option<i64>>) {
-    let pos: HashMap<&MessageId, usize> = ordered
-        .iter()
-        .enumerate()
-        .map(|(k, p)| (&p.msg.message_id, k))
-        .collect();
-    let mut by_pos: Vec<(usize, &ClaimRow)> = rows
-        .iter()
-        .filter_map(|r| pos.get(&r.message_id).map(|&k| (k, r)))
-        .collect();
-    by_pos.sort_by_key(|(k, _)| *k);
-    let mut out = (
-        Vec::with_capacity(by_pos.len()),
-        Vec::with_capacity(by_pos.len()),
-        Vec::with_capacity(by_pos.len()),
-    );
-    for (k, r) in by_pos {
-        let m = &ordered[k].msg;
-        out.0.push(k);
-        out.1.push(Fresh {
-            activity_id: m.activity_id,
-            sku_id: m.sku_id,
-            user_id: m.user_id,
-            claimed: r.outcome,
-            user_has_order: r.user_has_order,
-        });
-        out.2.push(r.pay_within_ms);
+/// Round trip 3 (docs/architecture.md §7.1 step 3, [`sql::FINISH`]):
+/// ledger, rejections, compensations, outbox and inbox rows, written before
+/// the stock is taken as if every placed order gets its unit, so the stock
+/// lock covers none of it (§7.2).
+async fn write_side_rows(
+    tx: &mut Transaction<'static, Postgres>,
+    b: &Batch<'_>,
+    placed: &[Placed],
+    decided: &[MessageOutcome],
+) -> Result<(), sqlx::Error> {
+    Finish::build(b, decided.iter().enumerate(), placed)
+        .run(tx)
+        .await?;
+    Ok(())
+}
+
+/// Round trip 4, the last before `COMMIT` (docs/architecture.md §7.1 step
+/// 4, §7.2): one unit per placed order, per (activity, sku) in key order,
+/// granted as far as the stock goes. The hot inventory row is locked from
+/// this statement to the end of the commit and no longer; nothing may run
+/// between here and `COMMIT` but step 4′. No statement at all when no order
+/// was placed. Returns the placed orders (fresh indices, ascending) left
+/// without a unit.
+async fn take_stock_last(
+    tx: &mut Transaction<'static, Postgres>,
+    b: &Batch<'_>,
+    placed: &[Placed],
+) -> Result<Vec<usize>, sqlx::Error> {
+    let alloc = Allocation::new(placed.iter().map(|p| {
+        let m = b.msg(p.fresh);
+        (p.fresh, m.activity_id, m.sku_id)
+    }));
+    if alloc.is_empty() {
+        return Ok(Vec::new());
     }
-    out
+    let granted = take_stock(tx, &alloc.wanted()).await?;
+    // A row missing from the result was sold out: no units.
+    Ok(alloc.unserved(|a, s| {
+        granted
+            .iter()
+            .find(|g| g.activity_id == a && g.sku_id == s)
+            .map_or(0, |g| g.granted)
+    }))
+}
+
+/// Step 4′ (docs/architecture.md §7.1), only in the batch granted fewer
+/// units than orders: the newest orders become `NO_STOCK` rejections, each
+/// compensated once, in this same transaction, so nothing of the
+/// optimistic rows is ever seen. Two round trips, both under the stock
+/// lock, which is why this is not the common path.
+async fn settle_shortfall(
+    tx: &mut Transaction<'static, Postgres>,
+    b: &Batch<'_>,
+    placed: &[Placed],
+    unserved: &[usize],
+    decided: &mut [MessageOutcome],
+) -> Result<(), sqlx::Error> {
+    for &f in unserved {
+        decided[f] = MessageOutcome::Rejected(RejectReason::NoStock);
+    }
+    let undone: Vec<&Placed> = placed
+        .iter()
+        .filter(|p| unserved.binary_search(&p.fresh).is_ok())
+        .collect();
+    let deleted = undo_orders(tx, b, &undone).await?;
+    debug_assert_eq!(deleted, undone.len() as i64, "rows of this transaction");
+    Finish::build(b, unserved.iter().map(|&f| (f, &decided[f])), &[])
+        .run(tx)
+        .await?;
+    Ok(())
 }
 
 /// An order this transaction inserted, with the ids of its two outbox rows
@@ -262,6 +340,7 @@ struct ClaimRow {
     tx_now: DateTime<Utc>,
 }
 
+/// Round trip 1: [`sql::INBOX_AND_CLAIM`], over the batch in order.
 async fn inbox_and_claim(
     tx: &mut Transaction<'static, Postgres>,
     group: &str,
@@ -291,6 +370,7 @@ struct Granted {
     granted: i64,
 }
 
+/// Round trip 4: [`sql::TAKE_STOCK`]; `wanted` in key order, the lock order.
 async fn take_stock(
     tx: &mut Transaction<'static, Postgres>,
     wanted: &[(ActivityId, SkuId, i64)],
@@ -303,15 +383,15 @@ async fn take_stock(
         .await
 }
 
+/// Round trip 2: [`sql::INSERT_ORDERS`] for the candidates `round`; returns
+/// the order ids actually inserted.
 async fn insert_orders(
     tx: &mut Transaction<'static, Postgres>,
-    ordered: &[&Parsed],
-    fresh_pos: &[usize],
+    b: &Batch<'_>,
     round: &[usize],
     expires: &[DateTime<Utc>],
 ) -> Result<HashSet<OrderId>, sqlx::Error> {
-    let msgs: Vec<&OrderCreateRequested> =
-        round.iter().map(|&f| &ordered[fresh_pos[f]].msg).collect();
+    let msgs: Vec<&OrderCreateRequested> = round.iter().map(|&f| b.msg(f)).collect();
     let ids: Vec<OrderId> = sqlx::query_scalar(sql::INSERT_ORDERS)
         .bind(column(&msgs, |m| m.order_id.clone()))
         .bind(column(&msgs, |m| m.reservation_id.clone()))
@@ -325,16 +405,14 @@ async fn insert_orders(
     Ok(ids.into_iter().collect())
 }
 
+/// Step 4′: [`sql::UNDO_ORDERS`] for the orders left without a unit;
+/// returns the number of orders deleted.
 async fn undo_orders(
     tx: &mut Transaction<'static, Postgres>,
-    ordered: &[&Parsed],
-    fresh_pos: &[usize],
+    b: &Batch<'_>,
     undone: &[&Placed],
 ) -> Result<i64, sqlx::Error> {
-    let msgs: Vec<&OrderCreateRequested> = undone
-        .iter()
-        .map(|p| &ordered[fresh_pos[p.fresh]].msg)
-        .collect();
+    let msgs: Vec<&OrderCreateRequested> = undone.iter().map(|p| b.msg(p.fresh)).collect();
     let outbox: Vec<MessageId> = undone
         .iter()
         .flat_map(|p| [p.cancel_id.clone(), p.event_id.clone()])
@@ -385,118 +463,132 @@ impl Finish {
     /// rejection to write; `placed`: the orders whose ledger and outbox rows
     /// to write.
     fn build<'a>(
-        group: &str,
-        names: &Names,
-        tx_now: DateTime<Utc>,
-        ordered: &[&Parsed],
-        fresh_pos: &[usize],
+        b: &Batch<'_>,
         decided: impl IntoIterator<Item = (usize, &'a MessageOutcome)>,
         placed: &[Placed],
     ) -> Self {
         let mut f = Finish {
-            group: group.to_owned(),
-            rel_topic: names.topic(TopicKind::InventoryCompensate),
+            group: b.group.to_owned(),
+            rel_topic: b.names.topic(TopicKind::InventoryCompensate),
             ..Finish::default()
         };
-        let msg = |i: usize| &ordered[fresh_pos[i]].msg;
-
         for p in placed {
-            let (m, expires_at) = (msg(p.fresh), p.expires_at);
-            f.ledger_rsv.push(m.reservation_id.clone());
-            f.ledger_order.push(m.order_id.clone());
-            f.ledger_activity.push(m.activity_id);
-            f.ledger_sku.push(m.sku_id);
-            f.ledger_msg.push(m.message_id.clone());
-
-            // The delayed cancel: delivered by the broker at expires_at
-            // (docs/architecture.md §8), so an unpaid order gives its stock back.
-            let cancel_id = p.cancel_id.clone();
-            f.push_out(
-                cancel_id.clone(),
-                names.topic(TopicKind::OrderTimeout),
-                TAG_CANCEL_IF_UNPAID,
-                m.order_id.clone(),
-                json(&CancelOrderIfUnpaid {
-                    schema_version: SCHEMA_VERSION,
-                    event_type: CANCEL_EVENT.to_owned(),
-                    message_id: cancel_id.clone(),
-                    message_key: m.order_id.clone(),
-                    order_id: m.order_id.clone(),
-                    reservation_id: m.reservation_id.clone(),
-                    activity_id: m.activity_id,
-                    sku_id: m.sku_id,
-                    user_id: m.user_id,
-                    deliver_at: expires_at,
-                    created_at: tx_now,
-                    retry_count: 0,
-                    replay_count: 0,
-                }),
-                Some(expires_at),
-            );
-            let event_id = p.event_id.clone();
-            f.push_out(
-                event_id.clone(),
-                names.topic(TopicKind::OrderEvent),
-                TAG_ORDER_CREATED,
-                m.order_id.clone(),
-                json(&OrderEvent {
-                    schema_version: SCHEMA_VERSION,
-                    event_type: ORDER_CREATED_EVENT.to_owned(),
-                    message_id: event_id,
-                    order_id: m.order_id.clone(),
-                    reservation_id: m.reservation_id.clone(),
-                    activity_id: m.activity_id,
-                    sku_id: m.sku_id,
-                    user_id: m.user_id,
-                    status: OrderStatus::Created,
-                    aggregate_version: 1,
-                    occurred_at: tx_now,
-                }),
-                None,
-            );
+            f.push_order(b.names, b.tx_now, b.msg(p.fresh), p);
         }
-
         for (i, d) in decided {
-            let m = msg(i);
-            let (status, code) = match d {
-                // The inbox row went in as this (sql::INBOX_AND_CLAIM).
-                MessageOutcome::Created { .. } => continue,
-                MessageOutcome::DuplicateReservation => {
-                    (InboxStatus::Succeeded, DUPLICATE_RESERVATION)
-                }
-                MessageOutcome::Rejected(r) => {
-                    let outcome = r.outcome();
-                    let release_id = MessageId::generate();
-                    f.rej_rsv.push(m.reservation_id.clone());
-                    f.rej_outcome.push(outcome);
-                    f.rej_activity.push(m.activity_id);
-                    f.rej_sku.push(m.sku_id);
-                    f.rej_user.push(m.user_id);
-                    f.rej_reason.push(outcome.as_str());
-                    f.rel_msg.push(release_id.clone());
-                    f.rel_payload.push(json(&ReleaseReservation {
-                        schema_version: SCHEMA_VERSION,
-                        event_type: RELEASE_RESERVATION_EVENT.to_owned(),
-                        message_id: release_id,
-                        reservation_id: m.reservation_id.clone(),
-                        activity_id: m.activity_id,
-                        sku_id: m.sku_id,
-                        user_id: m.user_id,
-                        source: CompensationSource::BusinessRejection,
-                        reason: outcome.as_str().to_owned(),
-                        created_at: tx_now,
-                    }));
-                    (InboxStatus::Rejected, outcome.as_str())
-                }
-                MessageOutcome::AlreadyProcessed => {
-                    unreachable!("fresh messages are new to the inbox")
-                }
-            };
-            f.inbox_msg.push(m.message_id.clone());
-            f.inbox_status.push(status);
-            f.inbox_code.push(code);
+            f.push_decided(b.tx_now, b.msg(i), d);
         }
         f
+    }
+
+    /// A placed order's ledger row (−1) and its two outbox rows
+    /// (docs/architecture.md §7.1 step 3).
+    fn push_order(
+        &mut self,
+        names: &Names,
+        tx_now: DateTime<Utc>,
+        m: &OrderCreateRequested,
+        p: &Placed,
+    ) {
+        let expires_at = p.expires_at;
+        self.ledger_rsv.push(m.reservation_id.clone());
+        self.ledger_order.push(m.order_id.clone());
+        self.ledger_activity.push(m.activity_id);
+        self.ledger_sku.push(m.sku_id);
+        self.ledger_msg.push(m.message_id.clone());
+
+        // The delayed cancel: delivered by the broker at expires_at
+        // (docs/architecture.md §8.2), so an unpaid order gives its stock back.
+        let cancel_id = p.cancel_id.clone();
+        self.push_out(
+            cancel_id.clone(),
+            names.topic(TopicKind::OrderTimeout),
+            TAG_CANCEL_IF_UNPAID,
+            m.order_id.clone(),
+            json(&CancelOrderIfUnpaid {
+                schema_version: SCHEMA_VERSION,
+                event_type: CANCEL_EVENT.to_owned(),
+                message_id: cancel_id.clone(),
+                message_key: m.order_id.clone(),
+                order_id: m.order_id.clone(),
+                reservation_id: m.reservation_id.clone(),
+                activity_id: m.activity_id,
+                sku_id: m.sku_id,
+                user_id: m.user_id,
+                deliver_at: expires_at,
+                created_at: tx_now,
+                retry_count: 0,
+                replay_count: 0,
+            }),
+            Some(expires_at),
+        );
+        let event_id = p.event_id.clone();
+        self.push_out(
+            event_id.clone(),
+            names.topic(TopicKind::OrderEvent),
+            TAG_ORDER_CREATED,
+            m.order_id.clone(),
+            json(&OrderEvent {
+                schema_version: SCHEMA_VERSION,
+                event_type: ORDER_CREATED_EVENT.to_owned(),
+                message_id: event_id,
+                order_id: m.order_id.clone(),
+                reservation_id: m.reservation_id.clone(),
+                activity_id: m.activity_id,
+                sku_id: m.sku_id,
+                user_id: m.user_id,
+                status: OrderStatus::Created,
+                aggregate_version: 1,
+                occurred_at: tx_now,
+            }),
+            None,
+        );
+    }
+
+    /// A decided message's inbox rewrite and, for a rejection, its final
+    /// outcome and one compensation with its `RELEASE_RESERVATION` payload
+    /// (docs/architecture.md §7.1 step 3). A created order's inbox row
+    /// already went in as such ([`sql::INBOX_AND_CLAIM`]): nothing to write.
+    fn push_decided(
+        &mut self,
+        tx_now: DateTime<Utc>,
+        m: &OrderCreateRequested,
+        d: &MessageOutcome,
+    ) {
+        let (status, code) = match d {
+            MessageOutcome::Created { .. } => return,
+            MessageOutcome::DuplicateReservation => (InboxStatus::Succeeded, DUPLICATE_RESERVATION),
+            MessageOutcome::Rejected(r) => {
+                let outcome = r.outcome();
+                let release_id = MessageId::generate();
+                self.rej_rsv.push(m.reservation_id.clone());
+                self.rej_outcome.push(outcome);
+                self.rej_activity.push(m.activity_id);
+                self.rej_sku.push(m.sku_id);
+                self.rej_user.push(m.user_id);
+                self.rej_reason.push(outcome.as_str());
+                self.rel_msg.push(release_id.clone());
+                self.rel_payload.push(json(&ReleaseReservation {
+                    schema_version: SCHEMA_VERSION,
+                    event_type: RELEASE_RESERVATION_EVENT.to_owned(),
+                    message_id: release_id,
+                    reservation_id: m.reservation_id.clone(),
+                    activity_id: m.activity_id,
+                    sku_id: m.sku_id,
+                    user_id: m.user_id,
+                    source: CompensationSource::BusinessRejection,
+                    reason: outcome.as_str().to_owned(),
+                    created_at: tx_now,
+                }));
+                (InboxStatus::Rejected, outcome.as_str())
+            }
+            MessageOutcome::AlreadyProcessed => {
+                unreachable!("fresh messages are new to the inbox")
+            }
+        };
+        self.inbox_msg.push(m.message_id.clone());
+        self.inbox_status.push(status);
+        self.inbox_code.push(code);
     }
 
     fn push_out(

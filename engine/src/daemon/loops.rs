@@ -1,0 +1,137 @@
+//! The daemon's background loops besides the pipeline's own: the sweeps,
+//! the DLQ mirror with its webhook, and the readiness wait for the order
+//! consumer's queues.
+
+use crate::config::LifecycleConfig;
+use crate::domain::stats::LifecycleStats;
+use crate::mq::Names;
+use crate::mq::rocket::RocketAdmin;
+use crate::reservation::ReservationStore;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// The safety nets of docs/architecture.md §8: overdue unpaid orders and stale
+/// compensation tasks, settled by the same code the consumers run.
+pub(super) fn spawn_sweeps(
+    pool: sqlx::PgPool,
+    store: ReservationStore,
+    names: Names,
+    cfg: LifecycleConfig,
+    stats: Arc<LifecycleStats>,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    const LIMIT: i64 = 500;
+    tracker.spawn(async move {
+        let every = Duration::from_millis(cfg.sweep_interval_ms.max(100));
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            // Drain while passes come back full: after a large sale the
+            // broker's timer may deliver the cancels far too slowly (see
+            // LifecycleConfig::cancel_grace_ms), and then this is the path.
+            let grace = Duration::from_millis(cfg.cancel_grace_ms);
+            drain("cancel sweep", LIMIT, &cancel, || {
+                crate::pipeline::lifecycle::cancel::sweep_once(&pool, &names, grace, LIMIT, &stats)
+            })
+            .await;
+            let grace = Duration::from_millis(cfg.compensation_grace_ms);
+            drain("compensation sweep", LIMIT, &cancel, || {
+                crate::pipeline::lifecycle::compensate::sweep_once(
+                    &pool, &store, grace, LIMIT, &stats,
+                )
+            })
+            .await;
+        }
+    });
+}
+
+/// Runs `pass` again while it settles a full batch (and the daemon is not
+/// stopping); a failed pass waits for the next interval.
+async fn drain<F, Fut, E>(what: &str, limit: i64, cancel: &CancellationToken, mut pass: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<usize, E>>,
+    E: std::fmt::Display,
+{
+    loop {
+        match pass().await {
+            Ok(n) if n as i64 >= limit && !cancel.is_cancelled() => continue,
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} failed; retrying next interval");
+                break;
+            }
+        }
+    }
+}
+
+/// The DLQ governor (docs/architecture.md §9.1): mirrors every seckill group's DLQ
+/// into `dlq_messages` and tickets, every `every`.
+pub(super) fn spawn_dlq_governor(
+    admin: RocketAdmin,
+    pool: sqlx::PgPool,
+    names: Names,
+    webhook: Option<String>,
+    every: Duration,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    let http = reqwest::Client::new();
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            if let Err(e) = crate::dlq::mirror_once(&admin, &pool, &names).await {
+                tracing::warn!(error = %e, "DLQ mirror pass failed; retrying next interval");
+            }
+            if let Some(url) = &webhook
+                && let Err(e) = crate::dlq::webhook::deliver_pending(&pool, &http, url).await
+            {
+                tracing::warn!(error = %e, "ticket webhook pass failed; retrying next interval");
+            }
+        }
+        admin.shutdown().await;
+    });
+}
+
+/// How long `/readyz` waits for the order consumer's first queues.
+const QUEUE_WAIT: Duration = Duration::from_secs(10);
+
+/// Raises `consuming` once the order consumer has queues, so `/readyz` says
+/// ready only when reservations accepted now are also pulled now. The first
+/// rebalance after a start takes a second or two; a burst let in before it
+/// waits in the broker that long, which was most of the demo's end-to-end
+/// latency (issue 3). An instance can stay without queues when the group has
+/// more consumers than the topic has queues; ingress does not need them, so
+/// after [`QUEUE_WAIT`] it is ready anyway, with a warning.
+pub(super) async fn wait_for_queues(
+    mut queues: tokio::sync::watch::Receiver<bool>,
+    consuming: Arc<AtomicBool>,
+    cancel: CancellationToken,
+) {
+    let since = tokio::time::Instant::now();
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        got = tokio::time::timeout(QUEUE_WAIT, queues.wait_for(|has| *has)) => match got {
+            Ok(Ok(_)) => tracing::info!(
+                after_ms = since.elapsed().as_millis() as u64,
+                "the order consumer has its queues"
+            ),
+            // Timed out, or the consumer (and its listener) is gone.
+            _ => tracing::warn!(
+                "the order consumer has no queues after {} s (more consumers in the group than queues?); ready anyway",
+                since.elapsed().as_secs()
+            ),
+        },
+    }
+    consuming.store(true, Ordering::Release);
+}

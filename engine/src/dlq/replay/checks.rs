@@ -1,0 +1,426 @@
+//! The pre-checks of a replay as pure functions (docs/architecture.md §9.3):
+//! the facts gathered read-only go in, a verdict per check and the decision
+//! come out. No I/O here, so every row of the §9.3 table is unit-tested
+//! with literals.
+
+use crate::domain::message::{
+    Malformed, parse_cancel, parse_order_create, parse_order_event, parse_release,
+};
+use crate::domain::status::{
+    CompensationSource, CompensationStatus, InboxStatus, OrderStatus, ReplayDecision,
+};
+use crate::mq::TopicKind;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// One pre-check of docs/architecture.md §9.3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Check {
+    /// The message is in the DLQ mirror (body and topic are known).
+    Mirrored,
+    /// The group's inbox does not hold the `message_id` yet.
+    Inbox,
+    /// No order exists for the body's order (order-create only).
+    Order,
+    /// The reservation was not compensated (order-create only).
+    Compensation,
+    /// No ledger row for the reservation (order-create only).
+    Ledger,
+    /// The body parses under a supported `schema_version`.
+    Schema,
+    /// `reservation_valid_until` has not passed (order-create only).
+    Validity,
+    /// Every consumer group of the target topic is idempotent.
+    Idempotent,
+}
+
+impl Check {
+    pub const ALL: [Check; 8] = [
+        Check::Mirrored,
+        Check::Inbox,
+        Check::Order,
+        Check::Compensation,
+        Check::Ledger,
+        Check::Schema,
+        Check::Validity,
+        Check::Idempotent,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Check::Mirrored => "mirrored",
+            Check::Inbox => "inbox",
+            Check::Order => "order",
+            Check::Compensation => "compensation",
+            Check::Ledger => "ledger",
+            Check::Schema => "schema",
+            Check::Validity => "validity",
+            Check::Idempotent => "idempotent",
+        }
+    }
+
+    /// Checks an operator may override with `--force`: those whose block
+    /// protects against a no-op or a duplicate the inbox still stops.
+    /// Missing data and an unsupported body can never be forced (§9.3).
+    pub fn forceable(self) -> bool {
+        matches!(
+            self,
+            Check::Inbox | Check::Order | Check::Compensation | Check::Ledger
+        )
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A `--force` value that names no check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown check {value:?}; one of {}", Check::ALL.map(Check::as_str).join(", "))]
+pub struct UnknownCheck {
+    pub value: String,
+}
+
+impl FromStr for Check {
+    type Err = UnknownCheck;
+    fn from_str(s: &str) -> Result<Self, UnknownCheck> {
+        Check::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownCheck {
+                value: s.to_owned(),
+            })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Level {
+    Pass,
+    Warn,
+    Block,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub check: Check,
+    pub level: Level,
+    pub evidence: String,
+    /// An operator's `--force` turned a block into this warning.
+    pub forced: bool,
+}
+
+/// Why a dead body fails the `schema` check (§9.3: never forceable).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// The group is none of the four seckill groups, so no body layout
+    /// applies (the mirror reads only seckill groups: a renamed prefix?).
+    #[error("not a seckill consumer group")]
+    NotSeckillGroup,
+    /// The body is malformed for its group's layout (§3.3).
+    #[error(transparent)]
+    Malformed(#[from] Malformed),
+}
+
+/// Everything the pre-checks look at, gathered read-only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub mirrored: bool,
+    pub kind: Option<TopicKind>,
+    /// The inbox row of this group for the message: (status, result code).
+    pub inbox: Option<(InboxStatus, Option<String>)>,
+    pub order_status: Option<OrderStatus>,
+    pub compensation: Option<(CompensationSource, CompensationStatus)>,
+    pub ledger_rows: i64,
+    pub schema: Result<(), SchemaError>,
+    pub valid_until: Option<DateTime<Utc>>,
+    pub now: DateTime<Utc>,
+}
+
+/// Whether the body parses as its group's message (pure).
+pub(super) fn parse_for(kind: Option<TopicKind>, body: &[u8]) -> Result<(), SchemaError> {
+    match kind {
+        Some(TopicKind::OrderCreate) => parse_order_create(body).map(|_| ()),
+        Some(TopicKind::OrderTimeout) => parse_cancel(body).map(|_| ()),
+        Some(TopicKind::OrderEvent) => parse_order_event(body).map(|_| ()),
+        Some(TopicKind::InventoryCompensate) => parse_release(body).map(|_| ()),
+        None => return Err(SchemaError::NotSeckillGroup),
+    }
+    .map_err(SchemaError::from)
+}
+
+/// The verdict of every check (pure). `forced` turns the named blocks into
+/// warnings, when the check allows it.
+pub fn verdicts(f: &Facts, forced: &[Check]) -> Vec<Verdict> {
+    Check::ALL
+        .into_iter()
+        .map(|check| {
+            let (level, evidence) = judge(f, check);
+            let force = level == Level::Block && check.forceable() && forced.contains(&check);
+            Verdict {
+                check,
+                level: if force { Level::Warn } else { level },
+                evidence: if force {
+                    format!("{evidence} (forced)")
+                } else {
+                    evidence
+                },
+                forced: force,
+            }
+        })
+        .collect()
+}
+
+/// One row of the §9.3 table, before any `--force`.
+fn judge(f: &Facts, check: Check) -> (Level, String) {
+    // The order, compensation, ledger and validity checks read an
+    // order-create body; on other groups they have nothing to say.
+    if f.kind != Some(TopicKind::OrderCreate)
+        && matches!(
+            check,
+            Check::Order | Check::Compensation | Check::Ledger | Check::Validity
+        )
+    {
+        return (Level::Pass, "not applicable to this group".to_owned());
+    }
+    match check {
+        Check::Mirrored if f.mirrored => {
+            (Level::Pass, "body and topic kept in dlq_messages".into())
+        }
+        Check::Mirrored => (
+            Level::Block,
+            "not in the DLQ mirror; nothing to replay".into(),
+        ),
+        Check::Inbox => match &f.inbox {
+            None => (
+                Level::Pass,
+                "the inbox has never applied this message_id".into(),
+            ),
+            Some((status, code)) => (
+                Level::Block,
+                format!(
+                    "already applied: inbox {status} {}; a replay would be a no-op",
+                    code.as_deref().unwrap_or("")
+                ),
+            ),
+        },
+        Check::Order => match f.order_status {
+            None => (Level::Pass, "no order for this reservation yet".into()),
+            Some(s) => (Level::Block, format!("the order exists ({s})")),
+        },
+        Check::Compensation => match f.compensation {
+            None => (Level::Pass, "the reservation was not compensated".into()),
+            Some((source, status)) => (
+                Level::Block,
+                format!(
+                    "the reservation was compensated ({source}, {status}); its stock went back"
+                ),
+            ),
+        },
+        Check::Ledger if f.ledger_rows == 0 => (Level::Pass, "no ledger row".into()),
+        Check::Ledger => (
+            Level::Block,
+            format!("{} ledger row(s) for the reservation", f.ledger_rows),
+        ),
+        Check::Schema => match &f.schema {
+            Ok(()) => (Level::Pass, "the body parses (schema_version 1)".into()),
+            Err(why) => (Level::Block, format!("the body does not parse: {why}")),
+        },
+        Check::Validity => validity(f.valid_until, f.now),
+        Check::Idempotent => (
+            Level::Pass,
+            match f.kind {
+                Some(TopicKind::OrderEvent) => {
+                    "the projection keeps only newer aggregate_versions".into()
+                }
+                _ => "the only consumer group keeps an inbox on message_id".into(),
+            },
+        ),
+    }
+}
+
+/// Past `valid_until` a replay is still safe: the consumer rejects it as
+/// REJECTED_EXPIRED and compensates once (§4.4), so this only warns.
+fn validity(valid_until: Option<DateTime<Utc>>, now: DateTime<Utc>) -> (Level, String) {
+    match valid_until {
+        Some(v) if v > now => (
+            Level::Pass,
+            format!("valid for {} s more", (v - now).num_seconds()),
+        ),
+        Some(v) => (
+            Level::Warn,
+            format!(
+                "expired {} s ago: the replay will be rejected (REJECTED_EXPIRED) and compensated once",
+                (now - v).num_seconds()
+            ),
+        ),
+        None => (Level::Pass, "no validity in the body".into()),
+    }
+}
+
+/// Send only when nothing blocks.
+pub fn decide(v: &[Verdict], dry_run: bool) -> ReplayDecision {
+    if v.iter().any(|v| v.level == Level::Block) {
+        ReplayDecision::Blocked
+    } else if dry_run {
+        ReplayDecision::DryRun
+    } else {
+        ReplayDecision::Sent
+    }
+}
+
+/// When the `i`-th paced send (0-based) may go, measured from the first,
+/// so at most `rate` go out per second (pure).
+pub fn pace(i: usize, rate_per_s: f64) -> Duration {
+    if rate_per_s <= 0.0 || !rate_per_s.is_finite() {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(i as f64 / rate_per_s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::status::QuarantineReason;
+
+    fn fresh() -> Facts {
+        let now = Utc::now();
+        Facts {
+            mirrored: true,
+            kind: Some(TopicKind::OrderCreate),
+            inbox: None,
+            order_status: None,
+            compensation: None,
+            ledger_rows: 0,
+            schema: Ok(()),
+            valid_until: Some(now + chrono::Duration::minutes(1)),
+            now,
+        }
+    }
+
+    fn level(v: &[Verdict], c: Check) -> Level {
+        v.iter().find(|v| v.check == c).map(|v| v.level).unwrap()
+    }
+
+    fn evidence(v: &[Verdict], c: Check) -> &str {
+        v.iter()
+            .find(|v| v.check == c)
+            .map(|v| v.evidence.as_str())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_fresh_dead_order_passes_every_check_and_is_sent() {
+        let v = verdicts(&fresh(), &[]);
+        assert!(v.iter().all(|v| v.level == Level::Pass), "{v:#?}");
+        assert_eq!(decide(&v, false), ReplayDecision::Sent);
+        assert_eq!(decide(&v, true), ReplayDecision::DryRun);
+    }
+
+    #[test]
+    fn an_applied_message_is_blocked_unless_forced() {
+        let f = Facts {
+            inbox: Some((InboxStatus::Succeeded, Some("ORDER_CREATED".into()))),
+            order_status: Some(OrderStatus::Created),
+            ledger_rows: 1,
+            ..fresh()
+        };
+        let v = verdicts(&f, &[]);
+        assert_eq!(level(&v, Check::Inbox), Level::Block);
+        assert_eq!(level(&v, Check::Order), Level::Block);
+        assert_eq!(level(&v, Check::Ledger), Level::Block);
+        assert_eq!(decide(&v, false), ReplayDecision::Blocked);
+        let forced = verdicts(&f, &[Check::Inbox, Check::Order, Check::Ledger]);
+        assert_eq!(decide(&forced, false), ReplayDecision::Sent);
+        assert!(forced.iter().filter(|v| v.forced).count() == 3);
+    }
+
+    #[test]
+    fn typed_facts_read_as_the_database_labels() {
+        let f = Facts {
+            inbox: Some((InboxStatus::Succeeded, Some("ORDER_CREATED".into()))),
+            order_status: Some(OrderStatus::Created),
+            compensation: Some((
+                CompensationSource::BusinessRejection,
+                CompensationStatus::Released,
+            )),
+            ..fresh()
+        };
+        let v = verdicts(&f, &[]);
+        assert_eq!(
+            evidence(&v, Check::Inbox),
+            "already applied: inbox SUCCEEDED ORDER_CREATED; a replay would be a no-op"
+        );
+        assert_eq!(evidence(&v, Check::Order), "the order exists (CREATED)");
+        assert_eq!(
+            evidence(&v, Check::Compensation),
+            "the reservation was compensated (BUSINESS_REJECTION, RELEASED); its stock went back"
+        );
+    }
+
+    #[test]
+    fn an_expired_reservation_warns_but_does_not_block() {
+        let now = Utc::now();
+        let f = Facts {
+            valid_until: Some(now - chrono::Duration::seconds(90)),
+            ..fresh()
+        };
+        let v = verdicts(&f, &[]);
+        assert_eq!(level(&v, Check::Validity), Level::Warn);
+        assert_eq!(decide(&v, false), ReplayDecision::Sent);
+    }
+
+    #[test]
+    fn missing_data_and_bad_bodies_block_and_cannot_be_forced() {
+        let f = Facts {
+            mirrored: false,
+            schema: Err(SchemaError::Malformed(Malformed {
+                reason: QuarantineReason::UnsupportedSchema,
+                detail: "schema_version 2 is not supported".into(),
+            })),
+            ..fresh()
+        };
+        let v = verdicts(&f, &[Check::Mirrored, Check::Schema]);
+        assert_eq!(level(&v, Check::Mirrored), Level::Block);
+        assert_eq!(level(&v, Check::Schema), Level::Block);
+        assert!(!Check::Mirrored.forceable() && !Check::Schema.forceable());
+        assert_eq!("inbox".parse::<Check>(), Ok(Check::Inbox));
+        let unknown = "nope".parse::<Check>().unwrap_err().to_string();
+        assert!(unknown.contains("one of mirrored, inbox"), "{unknown}");
+    }
+
+    #[test]
+    fn a_body_of_no_seckill_group_does_not_parse() {
+        assert_eq!(parse_for(None, b"{}"), Err(SchemaError::NotSeckillGroup));
+        assert!(matches!(
+            parse_for(Some(TopicKind::OrderCreate), b"not json"),
+            Err(SchemaError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn pacing_spaces_sends_by_the_rate() {
+        assert_eq!(pace(0, 20.0), Duration::ZERO);
+        assert_eq!(pace(1, 20.0), Duration::from_millis(50));
+        assert_eq!(pace(40, 20.0), Duration::from_secs(2));
+        assert_eq!(pace(5, 0.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn order_checks_do_not_apply_to_other_groups() {
+        let f = Facts {
+            kind: Some(TopicKind::OrderTimeout),
+            order_status: Some(OrderStatus::Canceled),
+            ledger_rows: 2,
+            ..fresh()
+        };
+        let v = verdicts(&f, &[]);
+        assert_eq!(decide(&v, false), ReplayDecision::Sent, "{v:#?}");
+    }
+}

@@ -1,0 +1,19 @@
+//! Guarded replay (docs/architecture.md §9.3–9.5): one dead message, or
+//! every DEAD entry of a ticket.
+//!
+//! - [`checks`]: the pre-checks of §9.3 as pure functions of the facts,
+//!   the decision and the pacing schedule.
+//! - [`single`]: one message, with the original `message_id` (§9.4), its
+//!   audit row and its verification (§9.5).
+//! - [`bulk`]: a ticket's snapshot, canaries first, the rest at a rate.
+//!
+//! The names the CLI, the TUI and the tests use are re-exported here, so
+//! `replay::replay`, `replay::Check` and the rest read as one module.
+
+mod bulk;
+mod checks;
+mod single;
+
+pub use bulk::{BulkReport, BulkRequest, replay_ticket};
+pub use checks::{Check, Facts, Level, SchemaError, UnknownCheck, Verdict, decide, pace, verdicts};
+pub use single::{ReplayError, ReplayReport, ReplayRequest, precheck, replay};
