@@ -125,7 +125,8 @@ impl Ctx<'_> {
 }
 
 /// Every component, in start order: the stores, the producer, the loops,
-/// the order path, the lifecycle after it, then the governors.
+/// the senders, the lifecycle, the order consumer that feeds it, then the
+/// safety nets and the governor.
 async fn start(
     cfg: &Config,
     rt: &Arc<ClientRuntime>,
@@ -162,9 +163,12 @@ async fn start(
     let publisher = start_senders(&ctx, &producer, send_timeout, &stats);
     let governor = Governor::new(cfg);
     let consume = Arc::new(ConsumeStats::default());
-    let queues = start_order_consumer(&ctx, parts, &governor, &consume).await?;
+    // Downstream before upstream: the lifecycle is up before the first
+    // order can feed it, and, stopped in reverse, the order consumer stops
+    // pulling first while the consumers after it still run.
     let lifecycle = Arc::new(LifecycleStats::default());
     start_lifecycle(&ctx, parts, &producer, send_timeout, &lifecycle, &consume).await?;
+    let queues = start_order_consumer(&ctx, parts, &governor, &consume).await?;
     start_safety_nets(&ctx, &lifecycle).await?;
 
     let ready = Arc::new(AtomicBool::new(true));

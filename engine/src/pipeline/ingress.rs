@@ -22,7 +22,7 @@ pub enum Refusal {
     UnknownActivity(ActivityId),
     #[error("{0}")]
     DatabaseUnavailable(#[from] sqlx::Error),
-    #[error("activity {0}'s validity window overflows")]
+    #[error("validity window overflows")]
     BadActivityConfig(ActivityId),
     #[error("this request_id already belongs to another user or sku")]
     RequestIdConflict,
