@@ -1,12 +1,14 @@
 //! `seckillctl`: the operator console for the flash-sale engine.
 //!
 //! Layout: `settings` layers the config, `cmd::*` holds one module per
-//! subcommand (each returns data), `output` renders tables or JSON, and
-//! `exit` maps errors to exit codes in one place.
+//! subcommand (each returns data), `parse` reads durations and rates,
+//! `output` renders tables or JSON, and `exit` maps errors to exit codes in
+//! one place.
 
 mod cmd;
 mod exit;
 mod output;
+mod parse;
 mod settings;
 
 use clap::{Parser, Subcommand};

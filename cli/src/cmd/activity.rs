@@ -1,6 +1,5 @@
 //! `seckillctl activity create|show`.
 
-use crate::cmd::mq::parse_duration;
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use seckill_engine::{
@@ -20,10 +19,10 @@ pub enum ActivityCmd {
         #[arg(long)]
         stock: i64,
         /// How long a reservation may wait to become an order (business validity)
-        #[arg(long, value_parser = parse_duration, default_value = "5m")]
+        #[arg(long, value_parser = crate::parse::duration, default_value = "5m")]
         valid_for: Duration,
         /// How long an order may stay unpaid before it is cancelled
-        #[arg(long, value_parser = parse_duration, default_value = "15m")]
+        #[arg(long, value_parser = crate::parse::duration, default_value = "15m")]
         pay_within: Duration,
         /// Overwrite existing stock on both sides (refused once orders exist)
         #[arg(long)]

@@ -53,7 +53,7 @@ pub struct FlashSaleArgs {
     concurrency: usize,
     /// How long an order may stay unpaid; a short one lets the demo watch
     /// unpaid orders cancel and give their stock back
-    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "15m")]
+    #[arg(long, value_parser = crate::parse::duration, default_value = "15m")]
     pay_within: Duration,
     /// Share of created orders to pay (0..1). When given, the bench then
     /// waits until every unpaid order is canceled and every compensation
@@ -61,7 +61,7 @@ pub struct FlashSaleArgs {
     #[arg(long)]
     pay_share: Option<f64>,
     /// Give up waiting for the pipeline to go quiet after this long
-    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "180s")]
+    #[arg(long, value_parser = crate::parse::duration, default_value = "180s")]
     quiet_timeout: Duration,
     #[arg(long, short, value_enum, default_value_t)]
     output: OutputFormat,

@@ -56,7 +56,7 @@ pub struct ReplayArgs {
     #[arg(long, conflicts_with = "group")]
     ticket: Option<TicketId>,
     /// With --ticket: sends per second at most, e.g. 20/s
-    #[arg(long, value_parser = parse_rate, default_value = "10/s")]
+    #[arg(long, value_parser = crate::parse::rate, default_value = "10/s")]
     rate: f64,
     /// With --ticket: entries replayed and verified one by one before the rest
     #[arg(long, default_value_t = 1)]
@@ -77,7 +77,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     operator: Option<String>,
     /// How long to wait for the consumer's verdict
-    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "60s")]
+    #[arg(long, value_parser = crate::parse::duration, default_value = "60s")]
     verify_within: std::time::Duration,
     #[arg(long, short, value_enum, default_value_t)]
     output: OutputFormat,
@@ -421,15 +421,6 @@ fn replay_error(e: ReplayError) -> anyhow::Error {
     match e {
         ReplayError::Db(_) => e.into(),
         other => UsageError(other.to_string()).into(),
-    }
-}
-
-/// `20/s` or `20`: messages per second.
-fn parse_rate(s: &str) -> Result<f64, String> {
-    let n = s.trim().trim_end_matches("/s");
-    match n.parse::<f64>() {
-        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
-        _ => Err(format!("{s:?} is not a rate; write e.g. 20/s")),
     }
 }
 

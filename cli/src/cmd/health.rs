@@ -16,7 +16,7 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct HealthArgs {
     /// Time between the two samples the alert rates are computed from
-    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = crate::parse::duration, default_value = "1s")]
     window: Duration,
     /// Components only: skip the engine and the alerts
     #[arg(long)]

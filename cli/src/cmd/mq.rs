@@ -12,7 +12,7 @@ pub enum MqCmd {
     /// Create or update the topics (docs/architecture.md §3 queue counts) and consumer groups; idempotent
     Setup {
         /// Keep retrying this long while the broker registers with the NameServer
-        #[arg(long, value_parser = parse_duration, default_value = "0s")]
+        #[arg(long, value_parser = crate::parse::duration, default_value = "0s")]
         wait: Duration,
     },
     /// Lag of every seckill consumer group, in messages and seconds
@@ -20,23 +20,6 @@ pub enum MqCmd {
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
-}
-
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 5m, 250ms"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
-    }
 }
 
 #[derive(Debug, Serialize)]
@@ -122,19 +105,4 @@ async fn lag(admin: &RocketAdmin, cfg: &Config, output: OutputFormat) -> Result<
         bail!("no groups");
     }
     render(&mut std::io::stdout().lock(), output, &LagView { groups })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("x").is_err());
-        assert!(parse_duration("5d").is_err());
-    }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct WindowArgs {
     /// Time between the two samples rates are computed from
-    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = crate::parse::duration, default_value = "1s")]
     window: Duration,
     #[arg(long, short, value_enum, default_value_t)]
     output: OutputFormat,
@@ -28,7 +28,7 @@ pub struct WindowArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct RateWindowArgs {
     /// Time between the two samples rates are computed from (at least 2s is sound)
-    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "3s")]
+    #[arg(long, value_parser = crate::parse::duration, default_value = "3s")]
     window: Duration,
     #[arg(long, short, value_enum, default_value_t)]
     output: OutputFormat,
@@ -43,7 +43,7 @@ pub struct BacklogArgs {
     #[arg(long)]
     watch: bool,
     /// How often --watch redraws
-    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = crate::parse::duration, default_value = "1s")]
     every: Duration,
     #[command(flatten)]
     w: RateWindowArgs,

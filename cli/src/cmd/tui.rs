@@ -8,7 +8,7 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct TuiArgs {
     /// How often the screen samples the stack
-    #[arg(long, value_parser = crate::cmd::mq::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = crate::parse::duration, default_value = "1s")]
     refresh: Duration,
     /// Hide every key that changes something (replay, acknowledge, assign)
     #[arg(long)]

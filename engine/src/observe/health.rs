@@ -15,6 +15,37 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Why a probe found its component down. The text is what on-call reads in
+/// the component's row, with the fix where one is known.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("{what} did not answer within {limit:?}")]
+    Timeout { what: &'static str, limit: Duration },
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+    #[error(transparent)]
+    Sql(#[from] sqlx::Error),
+    #[error(transparent)]
+    RedisConnect(#[from] redis_conn::RedisError),
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+    #[error("PING answered {0:?}")]
+    BadPong(String),
+    #[error(transparent)]
+    Mq(#[from] crate::mq::rocket::MqError),
+    #[error("unknown: the NameServer is down, so no broker can be found")]
+    NameServerDown,
+    #[error("no broker is registered with the NameServer; start one (`./scripts/stack.sh up`)")]
+    NoBroker,
+    #[error(
+        "no engine answers ({0}); start one with `seckillctl engine run` or point --engine-url at it"
+    )]
+    NoEngine(reqwest::Error),
+}
+
+/// What an up (or degraded) component says of itself.
+type Probed = (String, HealthState, Option<String>);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum HealthState {
@@ -60,7 +91,7 @@ fn row(
     component: &str,
     endpoint: &str,
     started: Instant,
-    result: Result<(String, HealthState, Option<String>), String>,
+    result: Result<Probed, ProbeError>,
 ) -> ComponentHealth {
     let latency_ms = started.elapsed().as_millis() as u64;
     match result {
@@ -72,40 +103,37 @@ fn row(
             latency_ms,
             detail,
         },
-        Err(detail) => ComponentHealth {
+        Err(e) => ComponentHealth {
             component: component.into(),
             endpoint: endpoint.into(),
             version: None,
             state: HealthState::Down,
             latency_ms,
-            detail: Some(detail),
+            detail: Some(e.to_string()),
         },
     }
 }
 
 async fn within<T>(
     limit: Duration,
-    what: &str,
-    fut: impl Future<Output = Result<T, String>>,
-) -> Result<T, String> {
+    what: &'static str,
+    fut: impl Future<Output = Result<T, ProbeError>>,
+) -> Result<T, ProbeError> {
     tokio::time::timeout(limit, fut)
         .await
-        .unwrap_or_else(|_| Err(format!("{what} did not answer within {limit:?}")))
+        .unwrap_or(Err(ProbeError::Timeout { what, limit }))
 }
 
 async fn postgres(cfg: &Config) -> ComponentHealth {
     let started = Instant::now();
     let endpoint = cfg.database_url_redacted();
     let result = within(cfg.admin_timeout(), "PostgreSQL", async {
-        let pool = db::connect_unchecked(cfg)
-            .await
-            .map_err(|e| e.to_string())?;
+        let pool = db::connect_unchecked(cfg).await?;
         let version: String = sqlx::query_scalar("SHOW server_version")
             .fetch_one(&pool)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let version = version.split_whitespace().next().unwrap_or("?").to_owned();
-        let schema = db::status(&pool).await.map_err(|e| e.to_string())?;
+        let schema = db::status(&pool).await?;
         pool.close().await;
         Ok(match db::verdict(&schema) {
             Ok(()) => (version, HealthState::Up, None),
@@ -120,17 +148,12 @@ async fn redis(cfg: &Config) -> ComponentHealth {
     let started = Instant::now();
     let endpoint = cfg.redis_url_redacted();
     let result = within(cfg.admin_timeout(), "Redis", async {
-        let mut conn = redis_conn::connect(cfg).await.map_err(|e| e.to_string())?;
-        let pong: String = redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut conn = redis_conn::connect(cfg).await?;
+        let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
         if pong != "PONG" {
-            return Err(format!("PING answered {pong:?}"));
+            return Err(ProbeError::BadPong(pong));
         }
-        let version = redis_conn::server_version(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
+        let version = redis_conn::server_version(&mut conn).await?;
         Ok((version, HealthState::Up, None))
     })
     .await;
@@ -147,12 +170,12 @@ async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> 
                 "rocketmq-namesrv",
                 &cfg.namesrv_addr,
                 started,
-                Err(e.to_string()),
+                Err(e.into()),
             )];
         }
     };
     let ns = within(limit, "NameServer", async {
-        admin.ping_namesrv().await.map_err(|e| e.to_string())?;
+        admin.ping_namesrv().await?;
         Ok(("-".to_owned(), HealthState::Up, None))
     })
     .await;
@@ -163,7 +186,7 @@ async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> 
             "rocketmq-broker",
             "?",
             started,
-            Err("unknown: the NameServer is down, so no broker can be found".into()),
+            Err(ProbeError::NameServerDown),
         ));
         admin.shutdown().await;
         return rows;
@@ -174,19 +197,13 @@ async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> 
             "rocketmq-broker",
             "?",
             started,
-            Err(
-                "no broker is registered with the NameServer; start one (`./scripts/stack.sh up`)"
-                    .into(),
-            ),
+            Err(ProbeError::NoBroker),
         )),
         Ok(brokers) => {
             for b in brokers {
                 let started = Instant::now();
                 let r = within(limit, "broker", async {
-                    let v = admin
-                        .broker_version(&b.addr)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let v = admin.broker_version(&b.addr).await?;
                     Ok((v, HealthState::Up, None))
                 })
                 .await;
@@ -198,7 +215,7 @@ async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> 
                 ));
             }
         }
-        Err(e) => rows.push(row("rocketmq-broker", "?", started, Err(e.to_string()))),
+        Err(e) => rows.push(row("rocketmq-broker", "?", started, Err(e.into()))),
     }
     admin.shutdown().await;
     rows
@@ -210,13 +227,12 @@ async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> 
 async fn dlq_alert(cfg: &Config) -> Option<ComponentHealth> {
     let started = Instant::now();
     let counts = within(cfg.admin_timeout(), "PostgreSQL", async {
-        let pool = db::connect(cfg).await.map_err(|e| e.to_string())?;
+        let pool = db::connect(cfg).await?;
         let counts: (i64, i64) = sqlx::query_as(
             "SELECT count(*), count(DISTINCT ticket_id) FROM dlq_messages WHERE status = 'DEAD'",
         )
         .fetch_one(&pool)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         pool.close().await;
         Ok(counts)
     })
@@ -251,16 +267,17 @@ pub async fn engine(cfg: &Config) -> ComponentHealth {
             .get(format!("{url}/readyz"))
             .send()
             .await
-            .map_err(|e| {
-                format!("no engine answers ({e}); start one with `seckillctl engine run` or point --engine-url at it")
-            })?;
+            .map_err(ProbeError::NoEngine)?;
         Ok(if resp.status().is_success() {
             ("-".to_owned(), HealthState::Up, None)
         } else {
             (
                 "-".to_owned(),
                 HealthState::Degraded,
-                Some(format!("/readyz answered {} (starting or shutting down)", resp.status())),
+                Some(format!(
+                    "/readyz answered {} (starting or shutting down)",
+                    resp.status()
+                )),
             )
         })
     })
