@@ -27,7 +27,7 @@
 //!
 //! Everything the CLI, the TUI and the tests use is re-exported here, and
 //! they import from this root only: types by name, and the modules whose
-//! functions read best qualified (`reconcile::run`, `tickets::list`) as
+//! functions read best qualified (`reconcile::run`, `tickets::list_tickets`) as
 //! namespaces. The folders themselves are private.
 //!
 //! This crate never depends on a UI crate (clap, ratatui, crossterm,

@@ -1,7 +1,7 @@
 -- order_tx.sql: the per-message order transaction (batch size 1).
 --
 -- A pgbench custom script that runs the order-create consumer's transaction
--- (engine/src/consume/sql.rs, docs/architecture.md §7) for one new message per
+-- (engine/src/pipeline/consume/sql.rs, docs/architecture.md §7) for one new message per
 -- transaction, on the hot path: every message is new, valid and gets stock.
 -- The statements between BEGIN and COMMIT are the consumer's own, verbatim,
 -- with each $n spelled as a pgbench variable; the `consume` integration test
