@@ -275,6 +275,60 @@ impl OrderEvent {
     }
 }
 
+/// The four kinds of body, one per topic (docs/architecture.md §3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MessageKind {
+    /// ORDER_CREATE: [`OrderCreateRequested`].
+    OrderCreate,
+    /// ORDER_TIMEOUT: [`CancelOrderIfUnpaid`].
+    Cancel,
+    /// ORDER_EVENT: [`OrderEvent`].
+    OrderEvent,
+    /// INVENTORY_COMPENSATE: [`ReleaseReservation`].
+    Release,
+}
+
+/// Any body the engine sends, parsed and validated by its kind. Whoever
+/// meets a body without its consumer (the DLQ replay pre-checks, §9.3)
+/// reads it through here, with the same validation the consumer applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    OrderCreate(OrderCreateRequested),
+    Cancel(CancelOrderIfUnpaid),
+    OrderEvent(OrderEvent),
+    Release(ReleaseReservation),
+}
+
+impl Message {
+    pub fn parse(kind: MessageKind, body: &[u8]) -> Result<Self, Malformed> {
+        Ok(match kind {
+            MessageKind::OrderCreate => Message::OrderCreate(parse_order_create(body)?),
+            MessageKind::Cancel => Message::Cancel(parse_cancel(body)?),
+            MessageKind::OrderEvent => Message::OrderEvent(parse_order_event(body)?),
+            MessageKind::Release => Message::Release(parse_release(body)?),
+        })
+    }
+
+    pub fn kind(&self) -> MessageKind {
+        match self {
+            Message::OrderCreate(_) => MessageKind::OrderCreate,
+            Message::Cancel(_) => MessageKind::Cancel,
+            Message::OrderEvent(_) => MessageKind::OrderEvent,
+            Message::Release(_) => MessageKind::Release,
+        }
+    }
+
+    /// The business id every kind carries: the inbox key (§3.2).
+    pub fn message_id(&self) -> &MessageId {
+        match self {
+            Message::OrderCreate(m) => &m.message_id,
+            Message::Cancel(m) => &m.message_id,
+            Message::OrderEvent(m) => &m.message_id,
+            Message::Release(m) => &m.message_id,
+        }
+    }
+}
+
 /// An outbox payload as JSON. Payloads are plain structs of strings,
 /// numbers and timestamps: they always serialize.
 pub(crate) fn json(v: &impl Serialize) -> serde_json::Value {
@@ -314,6 +368,19 @@ mod tests {
         let mut v = serde_json::to_value(sample()).unwrap();
         f(&mut v);
         serde_json::to_vec(&v).unwrap()
+    }
+
+    #[test]
+    fn one_parse_reads_every_kind_and_refuses_the_wrong_one() {
+        let m = sample();
+        let body = serde_json::to_vec(&m).unwrap();
+        let parsed = Message::parse(MessageKind::OrderCreate, &body).unwrap();
+        assert_eq!(parsed.kind(), MessageKind::OrderCreate);
+        assert_eq!(parsed.message_id(), &m.message_id);
+        // An order-create body is not a cancel: the cancel's own validation
+        // (unknown fields, event type) says so.
+        assert!(Message::parse(MessageKind::Cancel, &body).is_err());
+        assert!(Message::parse(MessageKind::Release, b"{}").is_err());
     }
 
     #[test]

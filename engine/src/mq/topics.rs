@@ -1,5 +1,6 @@
 //! Topic and consumer-group names of docs/architecture.md §3, under a configurable prefix.
 
+use crate::domain::message::MessageKind;
 use serde::Serialize;
 
 /// One of the four seckill topics.
@@ -52,6 +53,16 @@ impl TopicKind {
             TopicKind::OrderTimeout => 32,
             TopicKind::InventoryCompensate => 32,
             TopicKind::OrderEvent => 64,
+        }
+    }
+
+    /// The body every message of the topic carries.
+    pub fn message_kind(self) -> MessageKind {
+        match self {
+            TopicKind::OrderCreate => MessageKind::OrderCreate,
+            TopicKind::OrderTimeout => MessageKind::Cancel,
+            TopicKind::OrderEvent => MessageKind::OrderEvent,
+            TopicKind::InventoryCompensate => MessageKind::Release,
         }
     }
 

@@ -3,9 +3,7 @@
 //! come out. No I/O here, so every row of the §9.3 table is unit-tested
 //! with literals.
 
-use crate::domain::message::{
-    Malformed, parse_cancel, parse_order_create, parse_order_event, parse_release,
-};
+use crate::domain::message::{Malformed, Message};
 use crate::domain::status::{
     CompensationSource, CompensationStatus, InboxStatus, OrderStatus, ReplayDecision,
 };
@@ -145,14 +143,9 @@ pub struct Facts {
 
 /// Whether the body parses as its group's message (pure).
 pub(super) fn parse_for(kind: Option<TopicKind>, body: &[u8]) -> Result<(), SchemaError> {
-    match kind {
-        Some(TopicKind::OrderCreate) => parse_order_create(body).map(|_| ()),
-        Some(TopicKind::OrderTimeout) => parse_cancel(body).map(|_| ()),
-        Some(TopicKind::OrderEvent) => parse_order_event(body).map(|_| ()),
-        Some(TopicKind::InventoryCompensate) => parse_release(body).map(|_| ()),
-        None => return Err(SchemaError::NotSeckillGroup),
-    }
-    .map_err(SchemaError::from)
+    let kind = kind.ok_or(SchemaError::NotSeckillGroup)?;
+    Message::parse(kind.message_kind(), body)?;
+    Ok(())
 }
 
 /// The verdict of every check (pure). `forced` turns the named blocks into
