@@ -118,6 +118,14 @@ brokerRole = "ASYNC_MASTER"
 storePathRootDir = "$home/store"
 haListenAddress = "127.0.0.1"
 haListenPort = 10912
+# Timer messages (the delayed cancels, docs/architecture.md §8.2): the timer
+# store indexes and delivers at most timerSourceBatchMessages and
+# timerDueBatchMessages per 1 s tick, 64 each by default, and delivers
+# nothing until indexing has caught up. A sale's 10,000 cancels then came
+# out over ~150 s and the sweep did most of them. The batch sizes are not
+# part of the store's on-disk format (timerPrecisionMs is: leave it).
+timerSourceBatchMessages = 4096
+timerDueBatchMessages = 4096
 TOML
   log "starting rocketmq broker"
   ROCKETMQ_HOME="$home" nohup "$BROKER_BIN" -c "$home/broker.toml" >"$home/broker.log" 2>&1 &

@@ -44,10 +44,17 @@ pub struct Claimed {
     pub attempts: i32,
 }
 
+/// The broker refuses a timer message whose time has passed by the time it
+/// arrives ("timer delivery time is not in the future"), and each refusal
+/// cost the row a retry. A time closer than this is moved out to it: the
+/// cancel comes at most this late, and is never refused (§8.2).
+const TIMER_MARGIN: chrono::Duration = chrono::Duration::seconds(1);
+
 impl Claimed {
     /// The broker message. A `deliver_at` still in the future becomes a timer
-    /// message; one already past is sent for immediate delivery (a late
-    /// publish must not push the cancel further out).
+    /// message, at least [`TIMER_MARGIN`] out; one already past is sent for
+    /// immediate delivery (a late publish must not push the cancel further
+    /// out).
     pub fn to_outgoing(&self, now: DateTime<Utc>) -> OutgoingMessage {
         OutgoingMessage {
             topic: self.topic.clone(),
@@ -58,7 +65,7 @@ impl Claimed {
             deliver_time_ms: self
                 .deliver_at
                 .filter(|at| *at > now)
-                .map(|at| at.timestamp_millis() as u64),
+                .map(|at| at.max(now + TIMER_MARGIN).timestamp_millis() as u64),
         }
     }
 }
@@ -544,5 +551,12 @@ mod tests {
         assert_eq!(m.properties[0].0, PROP_MESSAGE_ID);
         let m = row(1, "T", "CANCEL", Some(now - chrono::Duration::seconds(5))).to_outgoing(now);
         assert_eq!(m.deliver_time_ms, None);
+        // Due in 5 ms: it would be past when the broker reads it.
+        let soon = now + chrono::Duration::milliseconds(5);
+        let m = row(1, "T", "CANCEL", Some(soon)).to_outgoing(now);
+        assert_eq!(
+            m.deliver_time_ms,
+            Some((now + TIMER_MARGIN).timestamp_millis() as u64)
+        );
     }
 }
