@@ -256,13 +256,16 @@ pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
 }
 
 /// The docs/architecture.md §10.8 inputs, for `scale advise` and the daemon's admission control.
+/// `rows` and `pg` are [`backlog`] and [`pg`] of the same two samples: the
+/// caller has them already.
 pub fn scale_inputs(
     prev: Option<&Sample>,
     cur: &Sample,
+    rows: &[BacklogRow],
+    pg: &PgView,
     cfg: &Config,
     names: &Names,
 ) -> ScaleInputs {
-    let rows = backlog(prev, cur, names);
     let order_group = names.group(TopicKind::OrderCreate);
     let order = rows.iter().find(|r| r.group == order_group);
     let growth = match (order, prev) {
@@ -287,7 +290,6 @@ pub fn scale_inputs(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    let pg = pg(prev, cur);
     ScaleInputs {
         lag_seconds: order.map_or(0.0, |r| r.lag_seconds),
         lag_growth_per_s: growth,

@@ -33,11 +33,13 @@ impl Observation {
     /// Derives every view from `cur` and the `base` its rates compare
     /// against (none on the first sample: rates are then unknown). Pure.
     pub fn derive(base: Option<&Sample>, cur: Sample, cfg: &Config, names: &Names) -> Self {
-        let scale_inputs = view::scale_inputs(base, &cur, cfg, names);
+        let backlog = view::backlog(base, &cur, names);
+        let pg = view::pg(base, &cur);
+        let scale_inputs = view::scale_inputs(base, &cur, &backlog, &pg, cfg, names);
         Self {
-            backlog: view::backlog(base, &cur, names),
+            backlog,
             pending: view::pending(&cur),
-            pg: view::pg(base, &cur),
+            pg,
             advice: scale::advise(&scale_inputs),
             alerts: alerts::evaluate(&cfg.alerts, &view::alert_inputs(base, &cur)),
             scale_inputs,
