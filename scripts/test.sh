@@ -35,4 +35,10 @@ log "cargo test"
 # test threads modest; every test is isolated by its own prefixes.
 cargo test --workspace --locked -- --test-threads "${SECKILL_TEST_THREADS:-4}"
 
+# The drills restart servers, so they come after the integration tests, and
+# only their own private servers (docs/architecture.md §13.5). The fast
+# subset here; `seckillctl drill run all` is the full set (README).
+log "seckillctl drill run ci"
+"$CARGO_TARGET_DIR/debug/seckillctl" drill run ci
+
 log "all green in $((SECONDS - started)) s"

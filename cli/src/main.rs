@@ -1,11 +1,13 @@
 //! `seckillctl`: the operator console for the flash-sale engine.
 //!
 //! Layout: `settings` layers the config, `cmd::*` holds one module per
-//! subcommand (each returns data), `parse` reads durations and rates,
+//! subcommand (each returns data), `drill` runs the incident drills,
+//! `parse` reads durations and rates,
 //! `output` renders tables or JSON, and `exit` maps errors to exit codes in
 //! one place.
 
 mod cmd;
+mod drill;
 mod exit;
 mod output;
 mod parse;
@@ -78,6 +80,9 @@ enum Command {
     /// The engine daemon
     #[command(subcommand)]
     Engine(cmd::engine::EngineCmd),
+    /// Incident drills against private servers: list, run NAME…|all|ci (docs/architecture.md §13.5)
+    #[command(subcommand)]
+    Drill(cmd::drill::DrillCmd),
     /// The live on-call screen: backlog, pending, PostgreSQL, DLQ tickets, alerts
     Tui(cmd::tui::TuiArgs),
 }
@@ -148,6 +153,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
             Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Engine(c) => cmd::engine::run(c, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Drill(c) => cmd::drill::run(c, &cfg, rt).await,
             Command::Tui(a) => cmd::tui::run(a, &cfg, rt).await.map(|()| Exit::Ok),
         }
     })?

@@ -205,6 +205,8 @@ pub struct MqConfig {
     pub max_reconsume_times: i32,
     /// Deadline for admin and health calls, so a dead broker is reported, not waited on.
     pub admin_timeout_ms: u64,
+    /// The send circuit in front of the broker (docs/architecture.md §6.7).
+    pub circuit: crate::decide::circuit::CircuitPolicy,
 }
 
 impl Default for Config {
@@ -247,6 +249,7 @@ impl Default for MqConfig {
             send_retries: 2,
             max_reconsume_times: 3,
             admin_timeout_ms: 3_000,
+            circuit: crate::decide::circuit::CircuitPolicy::default(),
         }
     }
 }

@@ -71,7 +71,7 @@ pub use decide::backlog::{self, Drain, Level};
 pub use decide::scale::{self, Advice, ScaleInputs};
 
 // Adapters.
-pub use mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
+pub use mq::rocket::{MqError, QueueOffsets, RocketAdmin, RocketConsumer, RocketProducer};
 pub use mq::topics::{dlq_topic, retry_topic};
 pub use mq::{
     ConsumeVerdict, ConsumerSpec, DefiniteCause, Handler, IncomingMessage, Names, OutgoingMessage,

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod config;
 pub mod db;
 pub mod dlq;
+pub mod drill;
 pub mod engine;
 pub mod health;
 pub mod mq;

@@ -26,6 +26,7 @@ pub struct AppState {
     pub store: ReservationStore,
     pub pool: PgPool,
     pub stats: Arc<PublishStats>,
+    pub circuit: Arc<crate::pipeline::circuit::SendCircuit>,
     pub lifecycle: Arc<LifecycleStats>,
     pub consume: Arc<ConsumeStats>,
     pub governor: Arc<Governor>,
@@ -237,6 +238,7 @@ impl AppState {
             SIGNAL_WINDOW,
             crate::store::db::pool_view(&self.pool),
             self.governor.view(),
+            self.circuit.view(),
         )
     }
 }

@@ -24,13 +24,15 @@ pub struct MetricsInput<'a> {
 }
 
 /// Every docs/architecture.md §11.1 metric name, in its order.
-pub const METRIC_NAMES: [&str; 24] = [
+pub const METRIC_NAMES: [&str; 26] = [
     "mq_publish_total",
     "mq_publish_latency_seconds",
     "mq_publish_unknown_total",
     "reservation_mq_pending",
     "reservation_mq_pending_oldest_age_seconds",
     "reservation_resend_total",
+    "mq_send_circuit_open",
+    "mq_send_circuit_held_total",
     "mq_consume_total",
     "mq_consume_process_seconds",
     "mq_consumer_inflight",
@@ -125,6 +127,16 @@ fn producer<'m>(m: &'m MetricsInput) -> Vec<Family<'m>> {
                 s.resend.definite_failure,
             )
             .count(&[("outcome", "EXPIRED")], s.resend.expired),
+        Family::gauge(
+            "mq_send_circuit_open",
+            "1 while the send circuit holds sends back: the broker does not answer (§6.7).",
+        )
+        .value_if_read(&[], Some(f64::from(u8::from(s.circuit.state != "CLOSED")))),
+        Family::counter(
+            "mq_send_circuit_held_total",
+            "Messages the open circuit kept from sending; they stayed pending in Redis.",
+        )
+        .count(&[], s.circuit.held),
     ]
 }
 
@@ -526,6 +538,13 @@ mod tests {
             max_ms: 100.0,
         };
         StatsView {
+            circuit: crate::domain::stats::CircuitView {
+                state: "OPEN".to_owned(),
+                open_for_s: Some(2.5),
+                opened: 1,
+                held: 15,
+                probes: 3,
+            },
             publish_confirmed: 1001,
             publish_unknown: 3,
             publish_definite_failure: 2,
@@ -716,6 +735,12 @@ reservation_resend_total{outcome="CONFIRMED"} 11
 reservation_resend_total{outcome="UNKNOWN"} 12
 reservation_resend_total{outcome="DEFINITE_FAILURE"} 13
 reservation_resend_total{outcome="EXPIRED"} 14
+# HELP mq_send_circuit_open 1 while the send circuit holds sends back: the broker does not answer (§6.7).
+# TYPE mq_send_circuit_open gauge
+mq_send_circuit_open 1
+# HELP mq_send_circuit_held_total Messages the open circuit kept from sending; they stayed pending in Redis.
+# TYPE mq_send_circuit_held_total counter
+mq_send_circuit_held_total 15
 # HELP mq_consume_total Order-create messages by broker verdict.
 # TYPE mq_consume_total counter
 mq_consume_total{topic="sk_ORDER_CREATE",result="ACK"} 990
@@ -861,6 +886,7 @@ seckill_alert_state{alert="order_tx_latency_seconds_p99"} 2
     #[test]
     fn every_seed_name_has_help_and_type_even_before_the_first_tick() {
         let stats = StatsView {
+            circuit: crate::domain::stats::CircuitView::default(),
             publish_confirmed: 3,
             publish_unknown: 1,
             publish_definite_failure: 0,

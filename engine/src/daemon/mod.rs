@@ -24,6 +24,7 @@ use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats};
 use crate::mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
 use crate::mq::{ConsumerSpec, Handler, Names, TopicKind};
 use crate::observe::Observer;
+use crate::pipeline::circuit::SendCircuit;
 use crate::pipeline::consume::OrderConsumer;
 use crate::pipeline::ingress::Ingress;
 use crate::pipeline::lifecycle::{CancelConsumer, CompensationConsumer, ProjectionConsumer};
@@ -160,7 +161,8 @@ async fn start(
     });
 
     let stats = Arc::new(PublishStats::default());
-    let publisher = start_senders(&ctx, &producer, send_timeout, &stats);
+    let circuit = Arc::new(SendCircuit::new(cfg.mq.circuit));
+    let publisher = start_senders(&ctx, &producer, send_timeout, &stats, &circuit);
     let governor = Governor::new(cfg);
     let consume = Arc::new(ConsumeStats::default());
     // Downstream before upstream: the lifecycle is up before the first
@@ -188,6 +190,7 @@ async fn start(
         store: ctx.store.clone(),
         pool: ctx.pool.clone(),
         stats,
+        circuit,
         lifecycle,
         consume: consume.clone(),
         governor: governor.clone(),
@@ -210,6 +213,7 @@ fn start_senders(
     producer: &RocketProducer,
     send_timeout: Duration,
     stats: &Arc<PublishStats>,
+    circuit: &Arc<SendCircuit>,
 ) -> publish::Publisher {
     let topic = ctx.names.topic(TopicKind::OrderCreate);
     let publisher = publish::spawn(
@@ -221,6 +225,7 @@ fn start_senders(
             send_timeout,
             stats: stats.clone(),
             hand_over_after: Duration::from_millis(ctx.cfg.scanner.first_retry_after_ms),
+            circuit: circuit.clone(),
         },
         &ctx.cfg.publisher,
         &ctx.tracker,
@@ -236,6 +241,7 @@ fn start_senders(
             owner: instance_id(),
             batch_max: ctx.cfg.publisher.batch_max,
             in_flight: ctx.cfg.publisher.in_flight,
+            circuit: circuit.clone(),
         },
         ctx.cfg.scanner.clone(),
         &ctx.tracker,

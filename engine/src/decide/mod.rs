@@ -5,4 +5,5 @@
 pub mod admission;
 pub mod alerts;
 pub mod backlog;
+pub mod circuit;
 pub mod scale;

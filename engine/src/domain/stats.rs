@@ -280,6 +280,33 @@ pub struct StatsView {
     pub pool: PoolView,
     #[serde(default)]
     pub governor: GovernorView,
+    #[serde(default)]
+    pub circuit: CircuitView,
+}
+
+/// The send circuit (docs/architecture.md §6.7): CLOSED, OPEN or PROBING,
+/// how long the broker has been unreachable, and what it held back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CircuitView {
+    pub state: String,
+    pub open_for_s: Option<f64>,
+    /// Times it opened since start.
+    pub opened: u64,
+    /// Messages not sent while it was open; they stayed pending in Redis.
+    pub held: u64,
+    pub probes: u64,
+}
+
+impl Default for CircuitView {
+    fn default() -> Self {
+        Self {
+            state: "CLOSED".to_owned(),
+            open_for_s: None,
+            opened: 0,
+            held: 0,
+            probes: 0,
+        }
+    }
 }
 
 /// The order-create consumer (docs/architecture.md §11.1). Percentiles cover the daemon's
@@ -419,8 +446,10 @@ impl StatsView {
         window: Duration,
         pool: PoolView,
         governor: GovernorView,
+        circuit: CircuitView,
     ) -> Self {
         Self {
+            circuit,
             lifecycle: LifecycleView::of(l),
             consume: ConsumeView::of(c, window),
             pool,

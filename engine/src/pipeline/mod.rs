@@ -1,9 +1,10 @@
 //! The stages a reservation passes through, in order: ingress reserves in
-//! Redis, publish sends within a bound, scan re-sends with the same
+//! Redis, publish sends within a bound (behind the send circuit), scan re-sends with the same
 //! `message_id`, consume creates the orders in one transaction per batch,
 //! the outbox publishes what the transaction promised, order pays and
 //! cancels, lifecycle consumes cancels, compensations and order events.
 
+pub mod circuit;
 pub mod concurrency;
 pub mod consume;
 pub mod ingress;

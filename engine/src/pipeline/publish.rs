@@ -10,6 +10,10 @@
 //!   docs/architecture.md §1). UNKNOWN never compensates;
 //! - DEFINITE_FAILURE → SEND_FAILED and one compensation.
 //!
+//! While the broker is silent the send circuit holds every batch
+//! (docs/architecture.md §6.7): nothing is lost, the reservations are
+//! pending in Redis and the scanner sends them once a probe gets through.
+//!
 //! The queue in front of the batcher is bounded; when it is full the message
 //! is simply not queued, and the scanner sends it instead. A message that
 //! waited in the queue past its reservation's first retry time is likewise
@@ -18,12 +22,14 @@
 //! (window 1).
 
 use crate::config::PublisherConfig;
+use crate::decide::circuit::Permit;
 use crate::domain::clock::at_ms;
 use crate::domain::message::{
     ORDER_CREATE_EVENT, OrderCreateRequested, SCHEMA_VERSION, TraceContext,
 };
 use crate::domain::stats::PublishStats;
 use crate::mq::{OutgoingMessage, PROP_MESSAGE_ID, PROP_TRACEPARENT, Producer, SendOutcome};
+use crate::pipeline::circuit::SendCircuit;
 use crate::reservation::{MqStatus, Reservation, ReservationStore};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -244,6 +250,8 @@ pub struct PublisherDeps<P> {
     pub stats: Arc<PublishStats>,
     /// The scanner's first retry delay (`scanner.first_retry_after_ms`).
     pub hand_over_after: Duration,
+    /// Shared with the scanner: no sends while the broker is silent.
+    pub circuit: Arc<SendCircuit>,
 }
 
 /// Starts the batching loop on `tracker`. It runs until every [`Publisher`]
@@ -287,6 +295,13 @@ pub fn spawn<P: Producer>(
             }
             let deps = deps.clone();
             inner.spawn(async move {
+                // Held: the batch stays pending in Redis, due for the
+                // scanner at its first retry time, which sends it once the
+                // circuit closes (docs/architecture.md §6.7).
+                if deps.circuit.permit(batch.len()) == Permit::Hold {
+                    drop(permit);
+                    return;
+                }
                 let outcome = send_batch(
                     &deps.producer,
                     &deps.topic,
@@ -295,6 +310,7 @@ pub fn spawn<P: Producer>(
                     &deps.stats,
                 )
                 .await;
+                deps.circuit.record(&outcome);
                 if let Err(e) = apply_first_send(&deps.store, &deps.pool, &batch, &outcome).await {
                     // Confirmed or not, the reservations are still pending in
                     // Redis, and the scanner re-sends them.

@@ -11,10 +11,12 @@
 //! size and sends in flight), and UNKNOWN backs off exponentially with jitter.
 
 use crate::config::ScannerConfig;
+use crate::decide::circuit::Permit;
 use crate::domain::clock::now_ms;
 use crate::domain::message::{OrderCreateRequested, TraceContext};
 use crate::domain::stats::PublishStats;
 use crate::mq::{Producer, SendOutcome};
+use crate::pipeline::circuit::SendCircuit;
 use crate::pipeline::publish::{PublishError, compensate_send_failure, order_message, send_batch};
 use crate::reservation::{ReservationStore, backoff_ms};
 use sqlx::PgPool;
@@ -37,6 +39,8 @@ pub struct ScannerDeps<P> {
     pub batch_max: usize,
     /// Send requests in flight at once.
     pub in_flight: usize,
+    /// Shared with the publisher: no sends while the broker is silent.
+    pub circuit: Arc<SendCircuit>,
 }
 
 /// After `valid_until` plus this, no copy of the message can still become an
@@ -101,10 +105,18 @@ async fn pass_activity<P: Producer>(
     cfg: &ScannerConfig,
     activity: crate::domain::ids::ActivityId,
 ) -> Result<usize, PublishError> {
+    // Behind an open circuit nothing is claimed, so no attempt is spent
+    // and no backoff grows while the broker is gone; a probe claims one
+    // batch (docs/architecture.md §6.7).
+    let limit = match deps.circuit.permit(0) {
+        Permit::Hold => return Ok(0),
+        Permit::Probe => deps.batch_max.max(1),
+        Permit::Send => cfg.batch,
+    };
     let now = now_ms();
     let claimed = deps
         .store
-        .claim_due(activity, now, cfg.batch, &deps.owner, cfg.lease_ms as i64)
+        .claim_due(activity, now, limit, &deps.owner, cfg.lease_ms as i64)
         .await?;
     if claimed.is_empty() {
         return Ok(0);
@@ -119,10 +131,27 @@ async fn pass_activity<P: Producer>(
     deps.stats.resent.add(live.len() as u64);
     deps.stats.resend_expired.add(expired.len() as u64);
     let mut workers = JoinSet::new();
-    for chunk in live.chunks(deps.batch_max.max(1)) {
+    for (i, chunk) in live.chunks(deps.batch_max.max(1)).enumerate() {
         // Bounded workers: at most `in_flight` sends at a time.
         while workers.len() >= deps.in_flight.max(1) {
             log_worker(workers.join_next().await);
+        }
+        // The circuit may have opened under this pass: give the rest of
+        // the claim back, due now, for the pass after the probe.
+        if i > 0 && deps.circuit.permit(chunk.len()) == Permit::Hold {
+            for r in chunk {
+                deps.store
+                    .reschedule(
+                        r.activity_id,
+                        &r.reservation_id,
+                        &r.message_id,
+                        &deps.owner,
+                        now_ms(),
+                        "held: the send circuit is open",
+                    )
+                    .await?;
+            }
+            continue;
         }
         let deps = deps.clone();
         let (base, max) = (cfg.backoff_base_ms, cfg.backoff_max_ms);
@@ -133,6 +162,7 @@ async fn pass_activity<P: Producer>(
         workers.spawn(async move {
             let batch: Vec<_> = msgs.iter().map(|(m, _)| m.clone()).collect();
             let outcome = send_batch(&deps.producer, &deps.topic, &batch, deps.send_timeout, &deps.stats).await;
+            deps.circuit.record(&outcome);
             let n = batch.len() as u64;
             match &outcome {
                 SendOutcome::Confirmed(_) => deps.stats.resend_confirmed.add(n),

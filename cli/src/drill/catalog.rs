@@ -1,0 +1,198 @@
+//! The drills: what each injects, where its playbook is, what it promises,
+//! and which ones CI runs. Pure data (docs/architecture.md §13.5).
+
+use super::verdict::Targets;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum DrillName {
+    EngineKill,
+    ConsumerKill,
+    BrokerRestart,
+    NetworkCut,
+    Poison,
+    SkuLock,
+    EngineKillOneOfTwo,
+}
+
+/// One drill's description.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Spec {
+    pub name: DrillName,
+    /// The seed §29.3 row it covers, if any.
+    pub seed_row: Option<u8>,
+    pub injection: &'static str,
+    pub expected: &'static str,
+    pub playbook: &'static str,
+    /// In the fast subset `scripts/test.sh` runs.
+    pub ci: bool,
+    pub targets: Targets,
+    /// Engine daemons the drill starts.
+    pub engines: usize,
+}
+
+impl DrillName {
+    pub const ALL: [DrillName; 7] = [
+        DrillName::EngineKill,
+        DrillName::ConsumerKill,
+        DrillName::BrokerRestart,
+        DrillName::NetworkCut,
+        DrillName::Poison,
+        DrillName::SkuLock,
+        DrillName::EngineKillOneOfTwo,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrillName::EngineKill => "engine-kill",
+            DrillName::ConsumerKill => "consumer-kill",
+            DrillName::BrokerRestart => "broker-restart",
+            DrillName::NetworkCut => "network-cut",
+            DrillName::Poison => "poison",
+            DrillName::SkuLock => "sku-lock",
+            DrillName::EngineKillOneOfTwo => "engine-kill-one-of-two",
+        }
+    }
+
+    pub fn spec(self) -> Spec {
+        let quiet = |recovery_s: f64| Targets {
+            recovery_s,
+            sends_per_affected: None,
+            dlq: 0,
+        };
+        let (seed_row, injection, expected, ci, targets, engines) = match self {
+            DrillName::EngineKill => (
+                Some(1),
+                "kill -9 of the engine mid-burst, after Redis reserved and before the send; restart it",
+                "the scanner re-sends what was reserved and never sent; every reservation becomes exactly one order",
+                true,
+                quiet(30.0),
+                1,
+            ),
+            DrillName::ConsumerKill => (
+                Some(3),
+                "kill -9 of the engine while its consumer drains the backlog (after commit, before ACK); restart it",
+                "the broker redelivers the unacknowledged batches; the inbox turns them into no-ops",
+                false,
+                quiet(30.0),
+                1,
+            ),
+            DrillName::BrokerRestart => (
+                Some(5),
+                "kill -9 of the broker mid-burst; start it again 5 s later",
+                "ingress keeps accepting into Redis; sends fail fast and the scanner re-sends once the broker is back",
+                // Not yet: the order consumer stalls up to 30 s after the
+                // restart (pulls in flight on the dead connection).
+                false,
+                Targets {
+                    recovery_s: 15.0,
+                    sends_per_affected: Some(1.2),
+                    dlq: 0,
+                },
+                1,
+            ),
+            DrillName::NetworkCut => (
+                Some(2),
+                "the link to the broker loses its replies for 3 s (requests stored, replies lost), then drops for 2 s",
+                "sends end unknown; the scanner re-sends with the same message_id; duplicates are absorbed, one order each",
+                false,
+                Targets {
+                    recovery_s: 20.0,
+                    sends_per_affected: None,
+                    dlq: 0,
+                },
+                1,
+            ),
+            DrillName::Poison => (
+                None,
+                "PostgreSQL refuses one user's order (a trigger raises for that user)",
+                "that one message retries and goes to the DLQ; every other order is created",
+                true,
+                Targets {
+                    recovery_s: 120.0,
+                    sends_per_affected: None,
+                    dlq: 1,
+                },
+                1,
+            ),
+            DrillName::SkuLock => (
+                None,
+                "an outside session holds the SKU's inventory row (SELECT ... FOR UPDATE) for 8 s mid-burst",
+                "order transactions wait on the lock; `pg` shows the waiters, `health` goes critical; the backlog drains once it is released",
+                false,
+                quiet(20.0),
+                1,
+            ),
+            DrillName::EngineKillOneOfTwo => (
+                None,
+                "two engines share the sale; kill -9 of one mid-burst, never restarted",
+                "the survivor consumes every queue after the rebalance and its scanner takes over the dead one's pending sends",
+                false,
+                quiet(45.0),
+                2,
+            ),
+        };
+        Spec {
+            name: self,
+            seed_row,
+            injection,
+            expected,
+            playbook: self.playbook(),
+            ci,
+            targets,
+            engines,
+        }
+    }
+
+    pub fn playbook(self) -> &'static str {
+        match self {
+            DrillName::EngineKill => "playbooks/engine-kill.md",
+            DrillName::ConsumerKill => "playbooks/consumer-kill.md",
+            DrillName::BrokerRestart => "playbooks/broker-restart.md",
+            DrillName::NetworkCut => "playbooks/network-cut.md",
+            DrillName::Poison => "playbooks/poison.md",
+            DrillName::SkuLock => "playbooks/sku-lock.md",
+            DrillName::EngineKillOneOfTwo => "playbooks/engine-kill-one-of-two.md",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn every_drill_has_its_playbook_with_the_four_sections() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for d in DrillName::ALL {
+            let path = root.join(d.playbook());
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for section in [
+                "## Injection",
+                "## What on-call sees",
+                "## Expected",
+                "## Recover",
+            ] {
+                assert!(text.contains(section), "{} lacks {section}", path.display());
+            }
+            assert!(
+                text.contains(&format!("seckillctl drill run {}", d.as_str())),
+                "{} must name its command",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
+    fn names_match_clap_and_serde() {
+        use clap::ValueEnum;
+        for d in DrillName::ALL {
+            assert_eq!(d.to_possible_value().unwrap().get_name(), d.as_str());
+            assert_eq!(serde_json::to_value(d).unwrap(), d.as_str());
+        }
+        assert_eq!(DrillName::ALL.len(), DrillName::value_variants().len());
+    }
+}

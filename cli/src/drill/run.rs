@@ -1,0 +1,330 @@
+//! Runs one drill: a sale on the private servers, the injection at its
+//! moment, the wait for quiet, the figures and the verdict.
+
+use super::catalog::DrillName;
+use super::proxy::Link;
+use super::servers::World;
+use super::stage::{Crowd, SalePlan, Stage};
+use super::verdict::{Figures, Targets, Verdict, judge};
+use anyhow::{Context, Result};
+use chrono::{DateTime, Utc};
+use seckill_engine::{ClientRuntime, Config, TopicKind, facts};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One drill's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrillReport {
+    pub drill: DrillName,
+    pub seconds: f64,
+    pub figures: Figures,
+    pub targets: Targets,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+}
+
+/// What the injection did, for the figures.
+struct Injected {
+    /// Wall clock when the fault began, to find the reservations it touched.
+    began: DateTime<Utc>,
+    /// When the fault healed (the server answers again, the lock is
+    /// released), or when it was injected if nothing heals it.
+    healed: Instant,
+    healed_wall: DateTime<Utc>,
+    /// Reservations the drill expects never to be decided (the poison).
+    dead: u64,
+    /// An engine was killed: its send counters died with it.
+    engine_killed: bool,
+    notes: Vec<String>,
+}
+
+impl Injected {
+    fn begin() -> (DateTime<Utc>, Vec<String>) {
+        (Utc::now(), Vec::new())
+    }
+
+    fn killed(self) -> Self {
+        Self {
+            engine_killed: true,
+            ..self
+        }
+    }
+
+    fn healed_now(began: DateTime<Utc>, notes: Vec<String>) -> Self {
+        Self {
+            began,
+            healed: Instant::now(),
+            healed_wall: Utc::now(),
+            dead: 0,
+            engine_killed: false,
+            notes,
+        }
+    }
+}
+
+/// The user the poison drill's trigger refuses: the eighth of the crowd,
+/// early enough to win a unit of stock.
+const POISON_USER: i64 = 70_000_007;
+
+/// The drill's engine settings, in `seckill.toml` form: the defaults,
+/// with few retries so a dead message reaches the DLQ within the drill.
+fn engine_toml(name: DrillName) -> String {
+    let consumer = match name {
+        // A slow drain, so the kill lands while batches are in flight.
+        DrillName::ConsumerKill => "[consumer]\nbatch_max = 1\nthreads = 2\n",
+        _ => "[consumer]\nbatch_max = 16\nthreads = 4\n",
+    };
+    format!(
+        "{consumer}[publisher]\nbatch_max = 16\n[mq]\nmax_reconsume_times = 2\n[dlq]\nmirror_interval_ms = 1000\n"
+    )
+}
+
+pub async fn run_one(
+    name: DrillName,
+    base: &Config,
+    world: &mut World,
+    rt: Arc<ClientRuntime>,
+    port_base: u16,
+) -> Result<DrillReport> {
+    let started = Instant::now();
+    let spec = name.spec();
+    eprintln!("[drill {}] {}", name.as_str(), spec.injection);
+    let mut stage = Stage::prepare(
+        name.as_str(),
+        base,
+        world,
+        rt,
+        SalePlan::default(),
+        &engine_toml(name),
+        port_base,
+    )
+    .await
+    .with_context(|| format!("prepare the {} drill", name.as_str()))?;
+    let figures = drive(name, world, &mut stage).await;
+    stage.finish().await;
+    let figures = figures?;
+    let verdict = judge(&figures, &spec.targets);
+    Ok(DrillReport {
+        drill: name,
+        seconds: started.elapsed().as_secs_f64(),
+        figures,
+        targets: spec.targets,
+        verdict,
+    })
+}
+
+async fn drive(name: DrillName, world: &mut World, stage: &mut Stage) -> Result<Figures> {
+    for i in 0..name.spec().engines {
+        stage.start_engine(i).await?;
+    }
+    if name == DrillName::Poison {
+        install_poison(stage).await?;
+    }
+    let crowd = stage.start_crowd();
+    let injected = inject(name, world, stage, &crowd).await?;
+    let tally = crowd.finish().await;
+    let accepted = tally.distinct();
+    eprintln!(
+        "[drill {}] crowd done: {accepted} accepted, {} unanswered; waiting for quiet",
+        name.as_str(),
+        tally.failed.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    let limit = Duration::from_secs_f64(name.spec().targets.recovery_s * 3.0 + 30.0);
+    let quiet = stage.wait_quiet(accepted, injected.dead, limit).await?;
+    let recovery_s = quiet.map(|at| at.saturating_duration_since(injected.healed).as_secs_f64());
+    figures(
+        stage,
+        &injected,
+        accepted,
+        tally.failed.load(std::sync::atomic::Ordering::Relaxed),
+        recovery_s,
+    )
+    .await
+}
+
+async fn inject(
+    name: DrillName,
+    world: &mut World,
+    stage: &mut Stage,
+    crowd: &Crowd,
+) -> Result<Injected> {
+    let users = stage.plan.users;
+    match name {
+        DrillName::EngineKill => {
+            crowd.until_sent(users * 2 / 5).await;
+            let (began, mut notes) = Injected::begin();
+            let pid = stage.kill_engine(0).await.unwrap_or(0);
+            notes.push(format!(
+                "engine (pid {pid}) killed after {} requests",
+                crowd.sent()
+            ));
+            stage.start_engine(0).await?;
+            Ok(Injected::killed(Injected::healed_now(began, notes)))
+        }
+        DrillName::ConsumerKill => {
+            crowd.until_sent(users).await;
+            let stock = stage.plan.stock;
+            let decided = wait_decided(stage, stock / 4, Duration::from_secs(60)).await?;
+            let (began, mut notes) = Injected::begin();
+            let pid = stage.kill_engine(0).await.unwrap_or(0);
+            notes.push(format!(
+                "engine (pid {pid}) killed with {decided} of {stock} decided"
+            ));
+            stage.start_engine(0).await?;
+            Ok(Injected::killed(Injected::healed_now(began, notes)))
+        }
+        DrillName::BrokerRestart => {
+            crowd.until_sent(users * 3 / 10).await;
+            let (began, mut notes) = Injected::begin();
+            world.kill_broker().await;
+            notes.push(format!("broker killed after {} requests", crowd.sent()));
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            world.start_broker().await?;
+            notes.push("broker answering on its port again".to_owned());
+            Ok(Injected::healed_now(began, notes))
+        }
+        DrillName::NetworkCut => {
+            crowd.until_sent(users * 3 / 10).await;
+            let (began, mut notes) = Injected::begin();
+            world.set_link(Link::RepliesLost);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            world.set_link(Link::Down);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            world.set_link(Link::Up);
+            notes.push(format!("link restored after {} requests", crowd.sent()));
+            Ok(Injected::healed_now(began, notes))
+        }
+        DrillName::Poison => {
+            let (began, notes) = Injected::begin();
+            Ok(Injected {
+                dead: 1,
+                ..Injected::healed_now(began, notes)
+            })
+        }
+        DrillName::SkuLock => {
+            crowd.until_sent(users * 3 / 10).await;
+            let (began, mut notes) = Injected::begin();
+            hold_sku_row(stage, Duration::from_secs(8)).await?;
+            notes.push("inventory row held for 8 s".to_owned());
+            Ok(Injected::healed_now(began, notes))
+        }
+        DrillName::EngineKillOneOfTwo => {
+            crowd.until_sent(users * 2 / 5).await;
+            let (began, mut notes) = Injected::begin();
+            let pid = stage.kill_engine(1).await.unwrap_or(0);
+            notes.push(format!(
+                "engine 1 of 2 (pid {pid}) killed after {} requests",
+                crowd.sent()
+            ));
+            Ok(Injected::killed(Injected::healed_now(began, notes)))
+        }
+    }
+}
+
+/// A trigger in the drill's own database that refuses [`POISON_USER`]'s order.
+async fn install_poison(stage: &Stage) -> Result<()> {
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION drill_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.user_id = {POISON_USER} THEN
+             RAISE EXCEPTION 'drill poison: the order of user % is refused', NEW.user_id;
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER drill_poison BEFORE INSERT ON orders
+           FOR EACH ROW EXECUTE FUNCTION drill_poison();"
+    ))
+    .execute(&stage.pool)
+    .await
+    .context("install the poison trigger")?;
+    Ok(())
+}
+
+/// An outside session locks the SKU's inventory row for `hold`, then lets go.
+async fn hold_sku_row(stage: &Stage, hold: Duration) -> Result<()> {
+    let mut tx = stage.pool.begin().await?;
+    sqlx::query("SELECT 1 FROM inventory WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE")
+        .bind(stage.activity)
+        .bind(stage.sku)
+        .execute(&mut *tx)
+        .await
+        .context("lock the inventory row")?;
+    tokio::time::sleep(hold).await;
+    tx.rollback().await?;
+    Ok(())
+}
+
+async fn wait_decided(stage: &Stage, n: i64, limit: Duration) -> Result<i64> {
+    let started = Instant::now();
+    loop {
+        let p = facts::progress(&stage.pool, &stage.store, stage.activity).await?;
+        if p.decided >= n || started.elapsed() > limit {
+            return Ok(p.decided);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn figures(
+    stage: &Stage,
+    injected: &Injected,
+    accepted: u64,
+    unanswered: u64,
+    recovery_s: Option<f64>,
+) -> Result<Figures> {
+    let p = facts::progress(&stage.pool, &stage.store, stage.activity).await?;
+    let (stored, dlq) = stage.stored(TopicKind::OrderCreate).await?;
+    // Reservations made while the fault lasted, or up to one send timeout
+    // before it (in flight when it began).
+    let since =
+        injected.began - chrono::Duration::milliseconds(stage.cfg.mq.send_timeout_ms as i64);
+    let affected: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM reservations WHERE activity_id = $1 AND reserved_at BETWEEN $2 AND $3",
+    )
+    .bind(stage.activity)
+    .bind(since)
+    .bind(injected.healed_wall)
+    .fetch_one(&stage.pool)
+    .await?;
+    let duplicates = (stored - p.decided - injected.dead as i64).max(0);
+    // Send attempts (publisher and scanner, every outcome) from the
+    // engines' counters, when none of them died with its counters.
+    let attempts = if injected.engine_killed {
+        None
+    } else {
+        Some(
+            stage
+                .stats()
+                .await
+                .iter()
+                .map(|s| s.publish_confirmed + s.publish_unknown + s.publish_definite_failure)
+                .sum::<u64>() as i64,
+        )
+    };
+    // Unaffected reservations were sent once each; the rest of the sends
+    // went to the affected ones.
+    let sends = attempts.unwrap_or(stored);
+    let sends_per_affected =
+        (affected > 0).then(|| (sends - (p.decided - affected)) as f64 / affected as f64);
+    let report = stage.reconcile().await?;
+    Ok(Figures {
+        accepted,
+        unanswered,
+        decided: p.decided,
+        recovery_s,
+        stored_sends: stored,
+        send_attempts: attempts,
+        affected,
+        sends_per_affected,
+        duplicates_absorbed: duplicates,
+        dlq,
+        violated: report
+            .checks
+            .iter()
+            .filter(|c| c.verdict == seckill_engine::ReconcileVerdict::Fail)
+            .map(|c| format!("{} ({})", c.invariant, c.evidence))
+            .collect(),
+        notes: injected.notes.clone(),
+    })
+}
