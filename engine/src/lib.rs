@@ -33,6 +33,10 @@
 //! This crate never depends on a UI crate (clap, ratatui, crossterm,
 //! comfy-table): `cargo tree -p seckill-engine` proves it.
 
+// The rocketmq client's types nest deeply: proving a task that owns a push
+// consumer `Send` (daemon/restart.rs) needs more than the default 128.
+#![recursion_limit = "256"]
+
 mod config;
 mod daemon;
 mod decide;

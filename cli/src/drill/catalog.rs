@@ -82,9 +82,7 @@ impl DrillName {
                 Some(5),
                 "kill -9 of the broker mid-burst; start it again 5 s later",
                 "ingress keeps accepting into Redis; sends fail fast and the scanner re-sends once the broker is back",
-                // Not yet: the order consumer stalls up to 30 s after the
-                // restart (pulls in flight on the dead connection).
-                false,
+                true,
                 Targets {
                     recovery_s: 15.0,
                     sends_per_affected: Some(1.2),

@@ -16,6 +16,7 @@ pub mod http;
 mod loops;
 pub mod metrics;
 mod parts;
+mod restart;
 
 use crate::config::Config;
 use crate::daemon::governor::Governor;
@@ -91,6 +92,9 @@ struct Ctx<'a> {
     store: ReservationStore,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    /// Shared by the publisher and the scanner; its reconnects restart the
+    /// consumers (§6.7).
+    circuit: Arc<SendCircuit>,
 }
 
 impl Ctx<'_> {
@@ -101,16 +105,22 @@ impl Ctx<'_> {
         spec: &ConsumerSpec,
         handler: H,
     ) -> Result<(), DaemonError> {
-        let consumer = RocketConsumer::start(
-            self.rt.clone(),
-            &self.cfg.namesrv_addr,
-            spec,
-            Arc::new(handler),
+        let recipe = restart::Recipe {
+            rt: self.rt.clone(),
+            namesrv: self.cfg.namesrv_addr.clone(),
+            spec: spec.clone(),
+            handler: Arc::new(handler),
+        };
+        let first = RocketConsumer::start(
+            recipe.rt.clone(),
+            &recipe.namesrv,
+            &recipe.spec,
+            recipe.handler.clone(),
         )
         .await?;
         parts.started(Part::Consumer {
             name,
-            consumer: Box::new(consumer),
+            consumer: restart::Restarting::spawn(name, first, recipe, self.circuit.reconnects()),
         });
         Ok(())
     }
@@ -144,6 +154,7 @@ async fn start(
         pool,
         tracker: TaskTracker::new(),
         cancel: CancellationToken::new(),
+        circuit: Arc::new(SendCircuit::new(cfg.mq.circuit)),
     };
     let send_timeout = Duration::from_millis(cfg.mq.send_timeout_ms);
     let producer = RocketProducer::start(
@@ -161,8 +172,7 @@ async fn start(
     });
 
     let stats = Arc::new(PublishStats::default());
-    let circuit = Arc::new(SendCircuit::new(cfg.mq.circuit));
-    let publisher = start_senders(&ctx, &producer, send_timeout, &stats, &circuit);
+    let publisher = start_senders(&ctx, &producer, send_timeout, &stats);
     let governor = Governor::new(cfg);
     let consume = Arc::new(ConsumeStats::default());
     // Downstream before upstream: the lifecycle is up before the first
@@ -190,7 +200,7 @@ async fn start(
         store: ctx.store.clone(),
         pool: ctx.pool.clone(),
         stats,
-        circuit,
+        circuit: ctx.circuit.clone(),
         lifecycle,
         consume: consume.clone(),
         governor: governor.clone(),
@@ -213,8 +223,8 @@ fn start_senders(
     producer: &RocketProducer,
     send_timeout: Duration,
     stats: &Arc<PublishStats>,
-    circuit: &Arc<SendCircuit>,
 ) -> publish::Publisher {
+    let circuit = &ctx.circuit;
     let topic = ctx.names.topic(TopicKind::OrderCreate);
     let publisher = publish::spawn(
         publish::PublisherDeps {

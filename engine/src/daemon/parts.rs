@@ -9,7 +9,8 @@
 //! the publisher flushing what ingress queued; then the producer they sent
 //! through; the pool, which everything used, closes last.
 
-use crate::mq::rocket::{RocketConsumer, RocketProducer};
+use super::restart::Restarting;
+use crate::mq::rocket::RocketProducer;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -23,10 +24,10 @@ pub(super) enum Part {
         tracker: TaskTracker,
         cancel: CancellationToken,
     },
-    /// Boxed: a push consumer is large, and there are only four.
+    /// A push consumer, restarted after broker outages (`restart`).
     Consumer {
         name: &'static str,
-        consumer: Box<RocketConsumer>,
+        consumer: Restarting,
     },
 }
 
@@ -49,7 +50,7 @@ impl Part {
                 tracker.close();
                 tracker.wait().await;
             }
-            Part::Consumer { consumer, .. } => consumer.shutdown().await,
+            Part::Consumer { consumer, .. } => consumer.stop().await,
         }
     }
 }

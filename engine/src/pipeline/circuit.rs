@@ -16,6 +16,9 @@ pub struct SendCircuit {
     held: Counter,
     /// Batches sent as probes.
     probes: Counter,
+    /// Times the broker came back after an outage; the daemon restarts
+    /// its consumers on each (docs/architecture.md §6.7).
+    reconnects: tokio::sync::watch::Sender<u64>,
 }
 
 /// How the circuit reads a send's outcome: any answer from the broker
@@ -40,7 +43,13 @@ impl SendCircuit {
             opened: Counter::default(),
             held: Counter::default(),
             probes: Counter::default(),
+            reconnects: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Changes each time the circuit closes after an outage.
+    pub fn reconnects(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reconnects.subscribe()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Circuit> {
@@ -76,6 +85,7 @@ impl SendCircuit {
             );
         }
         if closed {
+            self.reconnects.send_modify(|n| *n += 1);
             tracing::warn!(
                 outage_ms = since.map(|s| now - s),
                 "the broker answers again; the circuit is closed and the scanner sends what was held"
