@@ -1,8 +1,9 @@
-//! `seckillctl drill list | run NAME… | run all`: replays the incidents of
+//! `seckillctl drill list | run NAME… | run all | chaos`: replays the incidents of
 //! docs/architecture.md §13.5 against private servers and reports, per
 //! drill, the time to recover, the sends per reservation, the duplicates
 //! absorbed, the DLQ count and the verdict.
 
+use crate::drill::chaos::{self, ChaosRun};
 use crate::drill::{Binaries, DrillName, DrillReport, Ports, Spec, World, run_one};
 use crate::exit::Exit;
 use crate::output::{OutputFormat, Tabular, new_table, render};
@@ -25,6 +26,18 @@ pub enum DrillCmd {
         drills: Vec<Selection>,
         /// First of the loopback ports the drill's private servers use
         /// (Redis, NameServer, Broker at +11, engines from +20)
+        #[arg(long, env = "SECKILL_DRILL_PORT_BASE", default_value_t = 31000)]
+        port_base: u16,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Sales with random mixes of the faults; every invariant checked after each
+    Chaos {
+        #[arg(long, default_value_t = 5)]
+        runs: u32,
+        /// Fixes every run's schedule: replay a failing run with the same seed
+        #[arg(long)]
+        seed: Option<u64>,
         #[arg(long, env = "SECKILL_DRILL_PORT_BASE", default_value_t = 31000)]
         port_base: u16,
         #[arg(long, short, value_enum, default_value_t)]
@@ -157,8 +170,115 @@ impl Tabular for RunView {
     }
 }
 
+#[derive(Serialize)]
+struct ChaosView {
+    seed: u64,
+    runs: Vec<ChaosRun>,
+    aborted: Option<String>,
+}
+
+impl Tabular for ChaosView {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table([
+            "RUN",
+            "VERDICT",
+            "FAULTS",
+            "ACCEPTED",
+            "DECIDED",
+            "QUIET AFTER (S)",
+            "DLQ",
+            "VIOLATED",
+        ]);
+        for r in &self.runs {
+            t.add_row([
+                r.run.to_string(),
+                if r.passed { "PASS" } else { "FAIL" }.to_owned(),
+                r.steps
+                    .iter()
+                    .map(|s| format!("{} at {:.0}%", s.fault.label(), s.at * 100.0))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                r.accepted.to_string(),
+                r.decided.to_string(),
+                r.quiet_after_s
+                    .map_or("never".to_owned(), |s| format!("{s:.1}")),
+                r.dlq.to_string(),
+                r.violated.join("; "),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        if let Some(why) = &self.aborted {
+            return vec![format!("ABORTED: {why}")];
+        }
+        let failed = self.runs.iter().filter(|r| !r.passed).count();
+        vec![format!(
+            "seed {}: {} run(s), {failed} failed{}",
+            self.seed,
+            self.runs.len(),
+            if failed > 0 {
+                " (replay with the same --seed)"
+            } else {
+                ""
+            }
+        )]
+    }
+}
+
+/// Starts the private servers under a fresh directory.
+async fn world(port_base: u16) -> Result<(World, std::path::PathBuf)> {
+    let dir = std::env::temp_dir().join(format!("seckillctl-drill-{}", std::process::id()));
+    eprintln!(
+        "[drill] private servers on 127.0.0.1:{port_base}.. under {}",
+        dir.display()
+    );
+    let world = World::start(&dir, Ports { base: port_base }, Binaries::from_env())
+        .await
+        .context("start the drill's private servers")?;
+    Ok((world, dir))
+}
+
+/// Stops the servers; keeps the logs when something failed.
+async fn finish(world: World, dir: &std::path::Path, passed: bool) {
+    world.stop().await;
+    if passed {
+        let _ = std::fs::remove_dir_all(dir);
+    } else {
+        eprintln!("[drill] logs kept under {}", dir.display());
+    }
+}
+
 pub async fn run(cmd: DrillCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Exit> {
     match cmd {
+        DrillCmd::Chaos {
+            runs,
+            seed,
+            port_base,
+            output,
+        } => {
+            let seed = seed.unwrap_or_else(rand::random);
+            let (mut world, dir) = world(port_base).await?;
+            let result = chaos::run_all(runs, seed, cfg, &mut world, rt, port_base).await;
+            let (runs, error) = match result {
+                Ok(r) => (r, None),
+                Err(e) => (Vec::new(), Some(e)),
+            };
+            let passed = error.is_none() && runs.iter().all(|r| r.passed);
+            finish(world, &dir, passed).await;
+            let view = ChaosView {
+                seed,
+                runs,
+                aborted: error.as_ref().map(|e| format!("{e:#}")),
+            };
+            render(&mut std::io::stdout().lock(), output, &view)?;
+            match error {
+                Some(e) => Err(e),
+                None if passed => Ok(Exit::Ok),
+                None => Ok(Exit::Violation),
+            }
+        }
         DrillCmd::List { output } => {
             let view = ListView {
                 drills: DrillName::ALL.iter().map(|d| d.spec()).collect(),
@@ -172,14 +292,7 @@ pub async fn run(cmd: DrillCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
             output,
         } => {
             let names = resolve(&drills);
-            let dir = std::env::temp_dir().join(format!("seckillctl-drill-{}", std::process::id()));
-            eprintln!(
-                "[drill] private servers on 127.0.0.1:{port_base}.. under {}",
-                dir.display()
-            );
-            let mut world = World::start(&dir, Ports { base: port_base }, Binaries::from_env())
-                .await
-                .context("start the drill's private servers")?;
+            let (mut world, dir) = world(port_base).await?;
             let mut reports = Vec::new();
             let mut error = None;
             for name in names {
@@ -199,13 +312,8 @@ pub async fn run(cmd: DrillCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
                     }
                 }
             }
-            world.stop().await;
             let passed = error.is_none() && reports.iter().all(|r| r.verdict.passed());
-            if passed {
-                let _ = std::fs::remove_dir_all(&dir);
-            } else {
-                eprintln!("[drill] logs kept under {}", dir.display());
-            }
+            finish(world, &dir, passed).await;
             let view = RunView {
                 drills: reports,
                 aborted: error.as_ref().map(|e| format!("{e:#}")),

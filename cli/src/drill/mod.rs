@@ -8,9 +8,13 @@
 //! - [`proxy`]: the TCP proxy whose switch cuts the broker link;
 //! - [`servers`]: the private Redis, NameServer and Broker of a drill run;
 //! - [`stage`]: one drill's database, prefixes, engines and crowd;
-//! - [`run`]: one drill from sale to verdict.
+//! - [`faults`]: each fault, injected and healed;
+//! - [`run`]: one drill from sale to verdict;
+//! - [`chaos`]: seeded schedules of faults over many sales.
 
 pub mod catalog;
+pub mod chaos;
+pub mod faults;
 pub mod procs;
 pub mod proxy;
 pub mod run;

@@ -2,7 +2,7 @@
 //! moment, the wait for quiet, the figures and the verdict.
 
 use super::catalog::DrillName;
-use super::proxy::Link;
+use super::faults::{Fault, apply};
 use super::servers::World;
 use super::stage::{Crowd, SalePlan, Stage};
 use super::verdict::{Figures, Targets, Verdict, judge};
@@ -154,12 +154,8 @@ async fn inject(
         DrillName::EngineKill => {
             crowd.until_sent(users * 2 / 5).await;
             let (began, mut notes) = Injected::begin();
-            let pid = stage.kill_engine(0).await.unwrap_or(0);
-            notes.push(format!(
-                "engine (pid {pid}) killed after {} requests",
-                crowd.sent()
-            ));
-            stage.start_engine(0).await?;
+            notes.push(format!("after {} requests", crowd.sent()));
+            notes.push(apply(Fault::KillEngine(0), world, stage).await?);
             Ok(Injected::killed(Injected::healed_now(began, notes)))
         }
         DrillName::ConsumerKill => {
@@ -174,25 +170,16 @@ async fn inject(
             stage.start_engine(0).await?;
             Ok(Injected::killed(Injected::healed_now(began, notes)))
         }
-        DrillName::BrokerRestart => {
+        DrillName::BrokerRestart | DrillName::NetworkCut => {
             crowd.until_sent(users * 3 / 10).await;
             let (began, mut notes) = Injected::begin();
-            world.kill_broker().await;
-            notes.push(format!("broker killed after {} requests", crowd.sent()));
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            world.start_broker().await?;
-            notes.push("broker answering on its port again".to_owned());
-            Ok(Injected::healed_now(began, notes))
-        }
-        DrillName::NetworkCut => {
-            crowd.until_sent(users * 3 / 10).await;
-            let (began, mut notes) = Injected::begin();
-            world.set_link(Link::RepliesLost);
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            world.set_link(Link::Down);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            world.set_link(Link::Up);
-            notes.push(format!("link restored after {} requests", crowd.sent()));
+            notes.push(format!("after {} requests", crowd.sent()));
+            let fault = if name == DrillName::BrokerRestart {
+                Fault::RestartBroker
+            } else {
+                Fault::CutLink
+            };
+            notes.push(apply(fault, world, stage).await?);
             Ok(Injected::healed_now(began, notes))
         }
         DrillName::Poison => {
@@ -205,8 +192,7 @@ async fn inject(
         DrillName::SkuLock => {
             crowd.until_sent(users * 3 / 10).await;
             let (began, mut notes) = Injected::begin();
-            hold_sku_row(stage, Duration::from_secs(8)).await?;
-            notes.push("inventory row held for 8 s".to_owned());
+            notes.push(apply(Fault::LockSku, world, stage).await?);
             Ok(Injected::healed_now(began, notes))
         }
         DrillName::EngineKillOneOfTwo => {
@@ -238,20 +224,6 @@ async fn install_poison(stage: &Stage) -> Result<()> {
     .execute(&stage.pool)
     .await
     .context("install the poison trigger")?;
-    Ok(())
-}
-
-/// An outside session locks the SKU's inventory row for `hold`, then lets go.
-async fn hold_sku_row(stage: &Stage, hold: Duration) -> Result<()> {
-    let mut tx = stage.pool.begin().await?;
-    sqlx::query("SELECT 1 FROM inventory WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE")
-        .bind(stage.activity)
-        .bind(stage.sku)
-        .execute(&mut *tx)
-        .await
-        .context("lock the inventory row")?;
-    tokio::time::sleep(hold).await;
-    tx.rollback().await?;
     Ok(())
 }
 

@@ -90,7 +90,7 @@ impl Stage {
     /// the private broker) and activity, and the engines' config file.
     /// `engine_toml` is the drill's engine tuning, in `seckill.toml` form.
     pub async fn prepare(
-        name: &'static str,
+        name: &str,
         base: &Config,
         world: &World,
         rt: Arc<ClientRuntime>,
