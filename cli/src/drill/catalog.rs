@@ -14,6 +14,10 @@ pub enum DrillName {
     Poison,
     SkuLock,
     EngineKillOneOfTwo,
+    ConsumerRestart,
+    BacklogExpiry,
+    DlqReplayTwice,
+    CancelEarlyLate,
 }
 
 /// One drill's description.
@@ -33,7 +37,7 @@ pub struct Spec {
 }
 
 impl DrillName {
-    pub const ALL: [DrillName; 7] = [
+    pub const ALL: [DrillName; 11] = [
         DrillName::EngineKill,
         DrillName::ConsumerKill,
         DrillName::BrokerRestart,
@@ -41,6 +45,10 @@ impl DrillName {
         DrillName::Poison,
         DrillName::SkuLock,
         DrillName::EngineKillOneOfTwo,
+        DrillName::ConsumerRestart,
+        DrillName::BacklogExpiry,
+        DrillName::DlqReplayTwice,
+        DrillName::CancelEarlyLate,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -52,6 +60,10 @@ impl DrillName {
             DrillName::Poison => "poison",
             DrillName::SkuLock => "sku-lock",
             DrillName::EngineKillOneOfTwo => "engine-kill-one-of-two",
+            DrillName::ConsumerRestart => "consumer-restart",
+            DrillName::BacklogExpiry => "backlog-expiry",
+            DrillName::DlqReplayTwice => "dlq-replay-twice",
+            DrillName::CancelEarlyLate => "cancel-early-late",
         }
     }
 
@@ -130,6 +142,42 @@ impl DrillName {
                 quiet(45.0),
                 2,
             ),
+            DrillName::ConsumerRestart => (
+                Some(6),
+                "two engines drain the backlog; both stop at once (SIGTERM) and start again",
+                "the consumers rebalance; batches taken and not acknowledged come again and the inbox absorbs them: one order per reservation",
+                false,
+                quiet(30.0),
+                2,
+            ),
+            DrillName::BacklogExpiry => (
+                Some(7),
+                "reservations valid for 6 s; the engine is frozen (SIGSTOP) for 8 s with the backlog unconsumed, then thawed",
+                "messages past their reservation's validity become REJECTED_EXPIRED, never orders; each is compensated exactly once",
+                false,
+                quiet(30.0),
+                1,
+            ),
+            DrillName::DlqReplayTwice => (
+                Some(8),
+                "a message dies (a trigger refuses one user's order); the trigger is dropped and `seckillctl dlq replay` runs twice",
+                "the first replay creates the order under the original message_id; the second changes nothing: one order",
+                false,
+                Targets {
+                    recovery_s: 30.0,
+                    sends_per_affected: None,
+                    dlq: 1,
+                },
+                1,
+            ),
+            DrillName::CancelEarlyLate => (
+                Some(9),
+                "pay window 10 s; 100 cancel messages delivered early, half the orders paid, 100 cancels of paid orders delivered late",
+                "an early cancel changes nothing and re-arms; a late one of a paid order changes nothing; unpaid orders cancel by their timer, p99 within 2 s of the deadline",
+                false,
+                quiet(15.0),
+                1,
+            ),
         };
         Spec {
             name: self,
@@ -152,6 +200,10 @@ impl DrillName {
             DrillName::Poison => "playbooks/poison.md",
             DrillName::SkuLock => "playbooks/sku-lock.md",
             DrillName::EngineKillOneOfTwo => "playbooks/engine-kill-one-of-two.md",
+            DrillName::ConsumerRestart => "playbooks/consumer-restart.md",
+            DrillName::BacklogExpiry => "playbooks/backlog-expiry.md",
+            DrillName::DlqReplayTwice => "playbooks/dlq-replay-twice.md",
+            DrillName::CancelEarlyLate => "playbooks/cancel-early-late.md",
         }
     }
 }

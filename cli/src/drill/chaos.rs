@@ -156,13 +156,7 @@ async fn drive(stage: &mut Stage, world: &mut World, steps: &[Step]) -> Result<O
         .await?;
     let p = facts::progress(&stage.pool, &stage.store, stage.activity).await?;
     let (_, dlq) = stage.stored(TopicKind::OrderCreate).await?;
-    let report = stage.reconcile().await?;
-    let violated = report
-        .checks
-        .iter()
-        .filter(|c| c.verdict == seckill_engine::ReconcileVerdict::Fail)
-        .map(|c| format!("{} ({})", c.invariant, c.evidence))
-        .collect();
+    let violated = stage.violated().await?;
     Ok((
         accepted,
         p.decided,

@@ -10,11 +10,13 @@
 //! - [`stage`]: one drill's database, prefixes, engines and crowd;
 //! - [`faults`]: each fault, injected and healed;
 //! - [`run`]: one drill from sale to verdict;
+//! - [`lifecycle`]: the pay-and-cancel half of the cancel drill;
 //! - [`chaos`]: seeded schedules of faults over many sales.
 
 pub mod catalog;
 pub mod chaos;
 pub mod faults;
+pub mod lifecycle;
 pub mod procs;
 pub mod proxy;
 pub mod run;

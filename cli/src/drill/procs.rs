@@ -40,11 +40,14 @@ pub enum ProcError {
     },
 }
 
-/// The signals a drill sends.
+/// The signals a drill sends. SIGSTOP and SIGCONT freeze and thaw a
+/// process with its state: a consumer that stops taking messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
     Term,
     Kill,
+    Stop,
+    Cont,
 }
 
 impl Signal {
@@ -52,6 +55,8 @@ impl Signal {
         match self {
             Signal::Term => libc::SIGTERM,
             Signal::Kill => libc::SIGKILL,
+            Signal::Stop => libc::SIGSTOP,
+            Signal::Cont => libc::SIGCONT,
         }
     }
 }

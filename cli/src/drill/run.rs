@@ -3,6 +3,7 @@
 
 use super::catalog::DrillName;
 use super::faults::{Fault, apply};
+use super::procs::Signal;
 use super::servers::World;
 use super::stage::{Crowd, SalePlan, Stage};
 use super::verdict::{Figures, Targets, Verdict, judge};
@@ -71,13 +72,31 @@ const POISON_USER: i64 = 70_000_007;
 /// with few retries so a dead message reaches the DLQ within the drill.
 fn engine_toml(name: DrillName) -> String {
     let consumer = match name {
-        // A slow drain, so the kill lands while batches are in flight.
-        DrillName::ConsumerKill => "[consumer]\nbatch_max = 1\nthreads = 2\n",
+        // A slow drain, so the kill or the stop lands while batches are in
+        // flight, and the frozen backlog outlives its reservations.
+        DrillName::ConsumerKill | DrillName::ConsumerRestart => {
+            "[consumer]\nbatch_max = 1\nthreads = 2\n"
+        }
+        DrillName::BacklogExpiry => "[consumer]\nbatch_max = 1\nthreads = 1\n",
         _ => "[consumer]\nbatch_max = 16\nthreads = 4\n",
     };
     format!(
         "{consumer}[publisher]\nbatch_max = 16\n[mq]\nmax_reconsume_times = 2\n[dlq]\nmirror_interval_ms = 1000\n"
     )
+}
+
+fn sale_plan(name: DrillName) -> SalePlan {
+    match name {
+        DrillName::BacklogExpiry => SalePlan {
+            valid_for_ms: 6_000,
+            ..SalePlan::default()
+        },
+        DrillName::CancelEarlyLate => SalePlan {
+            pay_within_ms: 10_000,
+            ..SalePlan::default()
+        },
+        _ => SalePlan::default(),
+    }
 }
 
 pub async fn run_one(
@@ -95,7 +114,7 @@ pub async fn run_one(
         base,
         world,
         rt,
-        SalePlan::default(),
+        sale_plan(name),
         &engine_toml(name),
         port_base,
     )
@@ -118,7 +137,7 @@ async fn drive(name: DrillName, world: &mut World, stage: &mut Stage) -> Result<
     for i in 0..name.spec().engines {
         stage.start_engine(i).await?;
     }
-    if name == DrillName::Poison {
+    if matches!(name, DrillName::Poison | DrillName::DlqReplayTwice) {
         install_poison(stage).await?;
     }
     let crowd = stage.start_crowd();
@@ -133,14 +152,23 @@ async fn drive(name: DrillName, world: &mut World, stage: &mut Stage) -> Result<
     let limit = Duration::from_secs_f64(name.spec().targets.recovery_s * 3.0 + 30.0);
     let quiet = stage.wait_quiet(accepted, injected.dead, limit).await?;
     let recovery_s = quiet.map(|at| at.saturating_duration_since(injected.healed).as_secs_f64());
-    figures(
+    let mut f = figures(
         stage,
         &injected,
         accepted,
         tally.failed.load(std::sync::atomic::Ordering::Relaxed),
         recovery_s,
     )
-    .await
+    .await?;
+    match name {
+        DrillName::BacklogExpiry => expired_check(stage, &mut f).await?,
+        DrillName::DlqReplayTwice => one_order_for_poison_user(stage, &mut f).await?,
+        DrillName::CancelEarlyLate if quiet.is_some() => {
+            super::lifecycle::early_and_late_cancels(stage, &mut f).await?
+        }
+        _ => {}
+    }
+    Ok(f)
 }
 
 async fn inject(
@@ -195,6 +223,63 @@ async fn inject(
             notes.push(apply(Fault::LockSku, world, stage).await?);
             Ok(Injected::healed_now(began, notes))
         }
+        DrillName::ConsumerRestart => {
+            crowd.until_sent(users).await;
+            let stock = stage.plan.stock;
+            let decided = wait_decided(stage, stock / 4, Duration::from_secs(60)).await?;
+            let (began, mut notes) = Injected::begin();
+            let pids = stage.stop_engines(Duration::from_secs(10)).await;
+            notes.push(format!(
+                "engines {pids:?} stopped at once with {decided} of {stock} decided; started again"
+            ));
+            for i in 0..2 {
+                stage.start_engine(i).await?;
+            }
+            Ok(Injected::killed(Injected::healed_now(began, notes)))
+        }
+        DrillName::BacklogExpiry => {
+            crowd.until_sent(users).await;
+            let (began, mut notes) = Injected::begin();
+            let p = facts::progress(&stage.pool, &stage.store, stage.activity).await?;
+            stage.signal_engine(0, Signal::Stop);
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            stage.signal_engine(0, Signal::Cont);
+            notes.push(format!(
+                "engine frozen for 8 s with {} of {} decided",
+                p.decided, stage.plan.stock
+            ));
+            Ok(Injected::healed_now(began, notes))
+        }
+        DrillName::DlqReplayTwice => {
+            crowd.until_sent(users).await;
+            let (began, mut notes) = Injected::begin();
+            let id = wait_dead_message(stage, Duration::from_secs(150)).await?;
+            sqlx::raw_sql("DROP TRIGGER drill_poison ON orders")
+                .execute(&stage.pool)
+                .await
+                .context("drop the poison trigger")?;
+            for n in 1..=2 {
+                let (code, out) = stage
+                    .seckillctl(&[
+                        "dlq",
+                        "replay",
+                        "--message-id",
+                        &id,
+                        "--reason",
+                        "drill: trigger dropped",
+                    ])
+                    .await?;
+                notes.push(format!(
+                    "replay {n}: exit {code}, {}",
+                    replay_decision(&out)
+                ));
+            }
+            Ok(Injected::healed_now(began, notes))
+        }
+        DrillName::CancelEarlyLate => {
+            let (began, notes) = Injected::begin();
+            Ok(Injected::healed_now(began, notes))
+        }
         DrillName::EngineKillOneOfTwo => {
             crowd.until_sent(users * 2 / 5).await;
             let (began, mut notes) = Injected::begin();
@@ -224,6 +309,69 @@ async fn install_poison(stage: &Stage) -> Result<()> {
     .execute(&stage.pool)
     .await
     .context("install the poison trigger")?;
+    Ok(())
+}
+
+/// The "decision X, outcome Y" part of a replay's report line.
+fn replay_decision(out: &str) -> &str {
+    out.lines()
+        .rev()
+        .find_map(|l| l.find("decision ").map(|i| &l[i..]))
+        .map_or("no decision reported", |d| d.split(';').next().unwrap_or(d))
+}
+
+/// The `message_id` of the first dead message, once the DLQ mirror has it.
+async fn wait_dead_message(stage: &Stage, limit: Duration) -> Result<String> {
+    let started = Instant::now();
+    loop {
+        let id: Option<String> =
+            sqlx::query_scalar("SELECT message_id FROM dlq_messages ORDER BY dead_at LIMIT 1")
+                .fetch_optional(&stage.pool)
+                .await?;
+        if let Some(id) = id {
+            return Ok(id);
+        }
+        if started.elapsed() > limit {
+            anyhow::bail!("no message reached the DLQ within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Seed §29.3 #7: the drill only proves something if some reservations
+/// did expire in the frozen backlog.
+async fn expired_check(stage: &Stage, f: &mut Figures) -> Result<()> {
+    let expired: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM reservations WHERE activity_id = $1 AND outcome = 'REJECTED_EXPIRED'",
+    )
+    .bind(stage.activity)
+    .fetch_one(&stage.pool)
+    .await?;
+    f.notes
+        .push(format!("{expired} reservation(s) expired in the backlog"));
+    if expired == 0 {
+        f.unmet.push(
+            "no reservation expired in the frozen backlog: the drill proved nothing".to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// Seed §29.3 #8: two replays, one effect.
+async fn one_order_for_poison_user(stage: &Stage, f: &mut Figures) -> Result<()> {
+    let orders: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE activity_id = $1 AND user_id = $2")
+            .bind(stage.activity)
+            .bind(POISON_USER)
+            .fetch_one(&stage.pool)
+            .await?;
+    f.notes
+        .push(format!("user {POISON_USER} has {orders} order(s)"));
+    if orders != 1 {
+        f.unmet.push(format!(
+            "the replayed user has {orders} orders; two replays must make exactly one"
+        ));
+    }
     Ok(())
 }
 
@@ -279,7 +427,6 @@ async fn figures(
     let sends = attempts.unwrap_or(stored);
     let sends_per_affected =
         (affected > 0).then(|| (sends - (p.decided - affected)) as f64 / affected as f64);
-    let report = stage.reconcile().await?;
     Ok(Figures {
         accepted,
         unanswered,
@@ -291,12 +438,8 @@ async fn figures(
         sends_per_affected,
         duplicates_absorbed: duplicates,
         dlq,
-        violated: report
-            .checks
-            .iter()
-            .filter(|c| c.verdict == seckill_engine::ReconcileVerdict::Fail)
-            .map(|c| format!("{} ({})", c.invariant, c.evidence))
-            .collect(),
+        violated: stage.violated().await?,
         notes: injected.notes.clone(),
+        unmet: Vec::new(),
     })
 }

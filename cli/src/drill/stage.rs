@@ -2,13 +2,13 @@
 //! Redis key prefix and topic prefix, the engine daemons it starts, the
 //! crowd it sends, and the facts it reads afterwards.
 
-use super::procs::{Proc, port_open};
+use super::procs::{Proc, Signal, port_open};
 use super::servers::World;
 use anyhow::{Context, Result};
 use seckill_engine::{
-    ActivityId, ClientRuntime, Config, Names, NewActivity, RequestId, ReservationId,
-    ReservationStore, ReserveBody, RocketAdmin, SkuId, StatsView, TopicKind, activity, db, facts,
-    reconcile, redis_conn,
+    ActivityId, ClientRuntime, Config, Names, NewActivity, ReconcileVerdict, RequestId,
+    ReservationId, ReservationStore, ReserveBody, RocketAdmin, SkuId, StatsView, TopicKind,
+    activity, db, facts, reconcile, redis_conn,
 };
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
@@ -225,6 +225,57 @@ impl Stage {
         Some(e.proc.pid())
     }
 
+    /// Stops every engine at once (SIGTERM, SIGKILL after `grace`): a
+    /// bulk restart's first half. Their pids, for the report.
+    pub async fn stop_engines(&mut self, grace: Duration) -> Vec<u32> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for mut e in self.engines.iter_mut().filter_map(Option::take) {
+            tasks.spawn(async move {
+                e.proc.stop(grace).await;
+                e.proc.pid()
+            });
+        }
+        let mut pids = Vec::new();
+        while let Some(Ok(pid)) = tasks.join_next().await {
+            pids.push(pid);
+        }
+        pids
+    }
+
+    /// Sends `sig` to engine `i`.
+    pub fn signal_engine(&mut self, i: usize, sig: Signal) {
+        if let Some(e) = self.engines.get_mut(i).and_then(Option::as_mut) {
+            e.proc.signal(sig);
+        }
+    }
+
+    /// Runs `seckillctl ARGS…` against this drill's servers, as on-call
+    /// would; its exit code and its output.
+    pub async fn seckillctl(&self, args: &[&str]) -> Result<(i32, String)> {
+        let exe = std::env::current_exe().context("find the seckillctl binary")?;
+        let out = Command::new(exe)
+            .arg("--config")
+            .arg(&self.conf)
+            .arg("--database-url")
+            .arg(self.cfg.database_url.expose_secret())
+            .arg("--redis-url")
+            .arg(self.cfg.redis_url.expose_secret())
+            .arg("--namesrv-addr")
+            .arg(&self.cfg.namesrv_addr)
+            .arg("--topic-prefix")
+            .arg(&self.cfg.topic_prefix)
+            .args(args)
+            .output()
+            .await
+            .context("run seckillctl")?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((out.status.code().unwrap_or(-1), text))
+    }
+
     pub fn engine_urls(&self) -> Vec<String> {
         self.engines
             .iter()
@@ -306,8 +357,16 @@ impl Stage {
         out
     }
 
-    pub async fn reconcile(&self) -> Result<seckill_engine::ReconcileReport> {
-        Ok(reconcile::run(&self.pool, &self.store, self.activity).await?)
+    /// Every invariant of docs/architecture.md §12 that reconcile finds
+    /// broken, with its evidence.
+    pub async fn violated(&self) -> Result<Vec<String>> {
+        let report = reconcile::run(&self.pool, &self.store, self.activity).await?;
+        Ok(report
+            .checks
+            .iter()
+            .filter(|c| c.verdict == ReconcileVerdict::Fail)
+            .map(|c| format!("{} ({})", c.invariant, c.evidence))
+            .collect())
     }
 
     /// Stops the engines and drops the database; the topics go with the

@@ -35,6 +35,9 @@ pub struct Figures {
     pub violated: Vec<String>,
     /// What the drill observed of its own injection, for the report.
     pub notes: Vec<String>,
+    /// The drill's own expectations that did not hold (an expired
+    /// reservation that became an order, a second order after a replay).
+    pub unmet: Vec<String>,
 }
 
 /// What a drill promises.
@@ -93,6 +96,7 @@ pub fn judge(f: &Figures, t: &Targets) -> Verdict {
             f.dlq, t.dlq
         ));
     }
+    reasons.extend(f.unmet.iter().cloned());
     if f.unanswered > 0 && f.recovery_s.is_none() {
         reasons.push(format!("{} request(s) never answered", f.unanswered));
     }
@@ -165,6 +169,18 @@ mod tests {
             ..healthy()
         };
         assert!(judge(&f, &t).passed());
+    }
+
+    #[test]
+    fn a_drills_own_expectation_fails_it() {
+        let f = Figures {
+            unmet: vec!["no reservation expired in the backlog".into()],
+            ..healthy()
+        };
+        assert_eq!(
+            judge(&f, &TARGETS),
+            Verdict::Fail(vec!["no reservation expired in the backlog".into()])
+        );
     }
 
     #[test]
