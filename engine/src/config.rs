@@ -117,16 +117,19 @@ pub struct OutboxConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LifecycleConfig {
-    /// Listener threads of each of the cancel, compensation and projection
+    /// Listener threads of each of the compensation and projection
     /// consumers. They share the pool with the order consumer.
     pub consumer_threads: u32,
+    /// Listener threads of the cancel consumer. A sale's deadlines come
+    /// in a burst (every order of a 5 s crowd is due within 5 s, paid ones
+    /// included, as no-ops), and a thread also waits out the lead a timer
+    /// message arrives with (docs/architecture.md §8.2).
+    pub cancel_threads: u32,
     /// How often the sweeps look for overdue work.
     pub sweep_interval_ms: u64,
     /// How far past `expires_at` an unpaid order must be before the sweep
-    /// cancels it itself. The delayed message normally does it first, but
-    /// the rocketmq-rust 1.0.0 broker delivers timer messages at only about
-    /// 64 per second here, so after a large sale most cancels come late and
-    /// this sweep is what keeps the pay window honest.
+    /// cancels it itself: the safety net behind the timer message
+    /// (docs/architecture.md §8.2), for a message lost or a broker down.
     pub cancel_grace_ms: u64,
     /// How old a PENDING compensation task must be before the sweep
     /// releases it itself (a lost release message or a crash mid-way).
@@ -306,6 +309,7 @@ impl Default for LifecycleConfig {
     fn default() -> Self {
         Self {
             consumer_threads: 2,
+            cancel_threads: 6,
             sweep_interval_ms: 2_000,
             cancel_grace_ms: 10_000,
             compensation_grace_ms: 60_000,

@@ -147,7 +147,11 @@ impl Tabular for RunView {
                     (None, _) => "-".to_owned(),
                 },
                 f.duplicates_absorbed.to_string(),
-                format!("{} (= {})", f.dlq, r.targets.dlq),
+                if f.dlq_applied > 0 {
+                    format!("{} ({} applied; = {})", f.dlq, f.dlq_applied, r.targets.dlq)
+                } else {
+                    format!("{} (= {})", f.dlq, r.targets.dlq)
+                },
                 detail.join("; "),
             ]);
         }

@@ -117,10 +117,10 @@ impl DrillName {
             DrillName::Poison => (
                 None,
                 "PostgreSQL refuses one user's order (a trigger raises for that user)",
-                "that one message retries and goes to the DLQ; every other order is created",
+                "every other order is created at once; that one message retries and goes to the DLQ",
                 true,
                 Targets {
-                    recovery_s: 120.0,
+                    recovery_s: 20.0,
                     sends_per_affected: None,
                     dlq: 1,
                 },

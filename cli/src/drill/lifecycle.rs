@@ -53,6 +53,9 @@ pub async fn early_and_late_cancels(stage: &Stage, f: &mut Figures) -> Result<()
         early.len(),
         late.len()
     ));
+    if let Some(t) = timer_path(stage).await? {
+        f.notes.push(t);
+    }
     if let Some((p50, p99, max)) = lateness {
         f.notes.push(format!(
             "cancel − deadline: p50 {p50:.2} s, p99 {p99:.2} s, max {max:.2} s"
@@ -173,6 +176,81 @@ async fn wait_paid_noops(stage: &Stage, n: u64, limit: Duration) {
     while paid_noops(stage).await < n && started.elapsed() < limit {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Where a cancel's lateness comes from (issue 15): the broker's timer
+/// (stored in the topic − `deliver_at`, read back from the ORDER_TIMEOUT
+/// queues) and the cancel consumer (`canceled_at` − stored), p50 and p99.
+async fn timer_path(stage: &Stage) -> Result<Option<String>> {
+    let topic = stage.names.topic(TopicKind::OrderTimeout);
+    let mut stored_at: std::collections::HashMap<String, i64> = Default::default();
+    let mut broker = Vec::new();
+    for (name, q) in stage.admin.queue_offsets(&topic).await? {
+        let mut offset = q.min;
+        while offset < q.max {
+            let pulled = stage
+                .admin
+                .pull(&name, &topic, q.queue_id, offset, 32)
+                .await?;
+            if pulled.messages.is_empty() {
+                break;
+            }
+            for m in &pulled.messages {
+                let Ok(body) = serde_json::from_slice::<serde_json::Value>(&m.body) else {
+                    continue;
+                };
+                let (Some(order), Some(due)) = (
+                    body["order_id"].as_str(),
+                    body["deliver_at"]
+                        .as_str()
+                        .and_then(|d| chrono::DateTime::parse_from_rfc3339(d).ok()),
+                ) else {
+                    continue;
+                };
+                let due_ms = due.timestamp_millis();
+                // Timer messages only: sent well before they were due.
+                if m.born_timestamp_ms < due_ms - 500 {
+                    broker.push((m.store_timestamp_ms - due_ms) as f64 / 1000.0);
+                    let at = stored_at.entry(order.to_owned()).or_default();
+                    *at = (*at).max(m.store_timestamp_ms);
+                }
+            }
+            offset = pulled.next_offset;
+        }
+    }
+    let canceled: Vec<(String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT order_id, canceled_at FROM orders
+         WHERE activity_id = $1 AND cancel_reason = 'PAY_TIMEOUT'",
+    )
+    .bind(stage.activity)
+    .fetch_all(&stage.pool)
+    .await?;
+    let mut consumer: Vec<f64> = canceled
+        .iter()
+        .filter_map(|(o, at)| {
+            stored_at
+                .get(o)
+                .map(|s| (at.timestamp_millis() - s) as f64 / 1000.0)
+        })
+        .collect();
+    if broker.is_empty() {
+        return Ok(None);
+    }
+    let (b50, b99) = p50_p99(&mut broker);
+    let (c50, c99) = p50_p99(&mut consumer);
+    Ok(Some(format!(
+        "broker timer (stored − deliver_at): p50 {b50:.2} s, p99 {b99:.2} s over {} messages; cancel consumer (canceled − stored): p50 {c50:.2} s, p99 {c99:.2} s",
+        broker.len()
+    )))
+}
+
+fn p50_p99(v: &mut [f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
 }
 
 /// (p50, p99, max) of cancel time − deadline over the pay-timeout cancels.

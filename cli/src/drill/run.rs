@@ -152,6 +152,17 @@ async fn drive(name: DrillName, world: &mut World, stage: &mut Stage) -> Result<
     let limit = Duration::from_secs_f64(name.spec().targets.recovery_s * 3.0 + 30.0);
     let quiet = stage.wait_quiet(accepted, injected.dead, limit).await?;
     let recovery_s = quiet.map(|at| at.saturating_duration_since(injected.healed).as_secs_f64());
+    let mut injected = injected;
+    if name == DrillName::Poison {
+        // Quiet came first (every other order made); the poison itself
+        // reaches the DLQ after its retries.
+        let started = Instant::now();
+        wait_dead_message(stage, Duration::from_secs(150)).await?;
+        injected.notes.push(format!(
+            "the poison reached the DLQ {:.0} s after quiet",
+            started.elapsed().as_secs_f64()
+        ));
+    }
     let mut f = figures(
         stage,
         &injected,
@@ -312,6 +323,25 @@ async fn install_poison(stage: &Stage) -> Result<()> {
     Ok(())
 }
 
+/// Dead messages whose effect is in PostgreSQL all the same (their inbox
+/// row succeeded), once the DLQ mirror has all `dlq` of them (at most 15 s).
+async fn dead_but_applied(stage: &Stage, dlq: i64) -> Result<i64> {
+    let started = Instant::now();
+    loop {
+        let (mirrored, applied): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(i.message_id) FROM dlq_messages d
+             LEFT JOIN consumer_inbox i ON i.consumer_group = d.consumer_group
+               AND i.message_id = d.message_id AND i.status IN ('SUCCEEDED', 'REJECTED')",
+        )
+        .fetch_one(&stage.pool)
+        .await?;
+        if mirrored >= dlq || started.elapsed() > Duration::from_secs(15) {
+            return Ok(applied);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The "decision X, outcome Y" part of a replay's report line.
 fn replay_decision(out: &str) -> &str {
     out.lines()
@@ -408,6 +438,11 @@ async fn figures(
     .fetch_one(&stage.pool)
     .await?;
     let duplicates = (stored - p.decided - injected.dead as i64).max(0);
+    let dlq_applied = if dlq > 0 {
+        dead_but_applied(stage, dlq).await?
+    } else {
+        0
+    };
     // Send attempts (publisher and scanner, every outcome) from the
     // engines' counters, when none of them died with its counters.
     let attempts = if injected.engine_killed {
@@ -438,6 +473,7 @@ async fn figures(
         sends_per_affected,
         duplicates_absorbed: duplicates,
         dlq,
+        dlq_applied,
         violated: stage.violated().await?,
         notes: injected.notes.clone(),
         unmet: Vec::new(),

@@ -318,7 +318,8 @@ async fn start_lifecycle(
     );
     let (pool, store, names) = (&ctx.pool, &ctx.store, &ctx.names);
     let cancel = CancelConsumer::new(pool.clone(), names.clone(), lifecycle.clone());
-    let spec = ctx.small_spec(TopicKind::OrderTimeout);
+    let mut spec = ctx.small_spec(TopicKind::OrderTimeout);
+    spec.threads = ctx.cfg.lifecycle.cancel_threads.max(1);
     ctx.consumer(parts, "cancel consumer", &spec, cancel)
         .await?;
     let compensation =

@@ -53,6 +53,16 @@ pub fn failure_class(e: &ProcessError) -> FailureClass {
     }
 }
 
+/// Whether a failed batch may have failed for one message's sake, and so
+/// is worth running again message by message: the server refused it for a
+/// reason of its data (a constraint, a trigger). Pool, connection, timeout,
+/// deadlock and serialization failures are the batch's circumstances, not a
+/// message's: running 32 messages one by one into a dead pool would only
+/// wait 32 times.
+pub fn may_be_one_message(class: FailureClass) -> bool {
+    matches!(class, FailureClass::Unknown)
+}
+
 /// Classifies a `sqlx` error. Every one retries: the class only decides how
 /// a message that dies of it is ticketed (docs/architecture.md §9.2).
 pub fn classify_db_error(e: &sqlx::Error) -> Decision {
@@ -98,6 +108,28 @@ pub fn classify_sqlstate(code: &str) -> FailureClass {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_a_refusal_of_the_data_is_split_message_by_message() {
+        use super::*;
+        assert!(
+            may_be_one_message(classify_sqlstate("P0001")),
+            "a trigger's RAISE"
+        );
+        assert!(
+            may_be_one_message(classify_sqlstate("23514")),
+            "a check constraint"
+        );
+        for transient in ["40P01", "40001", "57014", "53300", "57P01", "08006"] {
+            assert!(
+                !may_be_one_message(classify_sqlstate(transient)),
+                "{transient}"
+            );
+        }
+        assert!(!may_be_one_message(db_failure_class(
+            &sqlx::Error::PoolTimedOut
+        )));
+    }
+
     use super::*;
     use crate::domain::ids::{ActivityId, SkuId};
     use crate::domain::status::QuarantineReason;

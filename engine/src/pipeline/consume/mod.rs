@@ -22,7 +22,7 @@ mod tx;
 
 pub use decide::{
     Decision, classify, classify_db_error, classify_sqlstate, db_failure_class, failure_class,
-    verdict,
+    may_be_one_message, verdict,
 };
 
 use crate::domain::ids::{ActivityId, OrderId, SkuId};
@@ -197,6 +197,34 @@ impl OrderConsumer {
     }
 
     /// Best effort: the failure is already on its way back to the broker.
+    /// After a batch failed for a reason that may be one message's (a
+    /// constraint, a trigger, a bad row), each message runs in its own
+    /// transaction: the good ones commit now, and only the failing ones are
+    /// retried and, in the end, dead-lettered. Without this one poison
+    /// message took its whole batch through every retry, and the innocent
+    /// ones that were redelivered beside it on the last attempt went to the
+    /// DLQ with no order (the poison drill, docs/architecture.md §7).
+    /// Returns the messages that failed alone, their failures recorded.
+    async fn one_by_one(&self, batch: Vec<Parsed>) -> Vec<Parsed> {
+        let mut failed = Vec::new();
+        for p in batch {
+            match self.process(std::slice::from_ref(&p)).await {
+                Ok(outcomes) => log_committed(&self.group, &outcomes),
+                Err(e) => {
+                    let (class, detail) = (failure_class(&e), e.to_string());
+                    tracing::warn!(
+                        group = %self.group, message_id = %p.msg.message_id, class = %class,
+                        error = %detail, "order message failed on its own; asking for redelivery"
+                    );
+                    self.record_failures(std::slice::from_ref(&p), class, &detail)
+                        .await;
+                    failed.push(p);
+                }
+            }
+        }
+        failed
+    }
+
     async fn record_failures(&self, msgs: &[Parsed], class: FailureClass, detail: &str) {
         let failed: Vec<(String, i32)> = msgs
             .iter()
@@ -346,6 +374,13 @@ impl OrderConsumer {
                     });
                     pending = rest;
                     stuck
+                }
+                ProcessError::Db(_) if pending.len() > 1 && may_be_one_message(class) => {
+                    let failed = self.one_by_one(std::mem::take(&mut pending)).await;
+                    if !failed.is_empty() {
+                        decisions.push(Decision::Retry { class, detail });
+                    }
+                    break;
                 }
                 ProcessError::Db(_) => std::mem::take(&mut pending),
             };
