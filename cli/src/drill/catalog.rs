@@ -18,6 +18,7 @@ pub enum DrillName {
     BacklogExpiry,
     DlqReplayTwice,
     CancelEarlyLate,
+    PgFailover,
 }
 
 /// One drill's description.
@@ -37,7 +38,7 @@ pub struct Spec {
 }
 
 impl DrillName {
-    pub const ALL: [DrillName; 11] = [
+    pub const ALL: [DrillName; 12] = [
         DrillName::EngineKill,
         DrillName::ConsumerKill,
         DrillName::BrokerRestart,
@@ -49,6 +50,7 @@ impl DrillName {
         DrillName::BacklogExpiry,
         DrillName::DlqReplayTwice,
         DrillName::CancelEarlyLate,
+        DrillName::PgFailover,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +66,7 @@ impl DrillName {
             DrillName::BacklogExpiry => "backlog-expiry",
             DrillName::DlqReplayTwice => "dlq-replay-twice",
             DrillName::CancelEarlyLate => "cancel-early-late",
+            DrillName::PgFailover => "pg-failover",
         }
     }
 
@@ -178,6 +181,14 @@ impl DrillName {
                 quiet(15.0),
                 1,
             ),
+            DrillName::PgFailover => (
+                Some(4),
+                "the drill's own PostgreSQL cluster restarts mid-burst with `pg_ctl -m fast`, then with `-m immediate` (crash recovery)",
+                "order transactions fail, roll back and come again; the pool reconnects; one order per reservation, nothing in the DLQ",
+                false,
+                quiet(30.0),
+                1,
+            ),
         };
         Spec {
             name: self,
@@ -204,6 +215,7 @@ impl DrillName {
             DrillName::BacklogExpiry => "playbooks/backlog-expiry.md",
             DrillName::DlqReplayTwice => "playbooks/dlq-replay-twice.md",
             DrillName::CancelEarlyLate => "playbooks/cancel-early-late.md",
+            DrillName::PgFailover => "playbooks/pg-failover.md",
         }
     }
 }

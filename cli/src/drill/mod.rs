@@ -7,6 +7,7 @@
 //! - [`procs`]: child processes held by their pid, the only thing a drill signals;
 //! - [`proxy`]: the TCP proxy whose switch cuts the broker link;
 //! - [`servers`]: the private Redis, NameServer and Broker of a drill run;
+//! - [`pg`]: the private PostgreSQL cluster of the failover drill;
 //! - [`stage`]: one drill's database, prefixes, engines and crowd;
 //! - [`faults`]: each fault, injected and healed;
 //! - [`run`]: one drill from sale to verdict;
@@ -17,6 +18,7 @@ pub mod catalog;
 pub mod chaos;
 pub mod faults;
 pub mod lifecycle;
+pub mod pg;
 pub mod procs;
 pub mod proxy;
 pub mod run;

@@ -3,6 +3,7 @@
 
 use super::catalog::DrillName;
 use super::faults::{Fault, apply};
+use super::pg::{PrivatePg, RestartMode};
 use super::procs::Signal;
 use super::servers::World;
 use super::stage::{Crowd, SalePlan, Stage};
@@ -109,9 +110,22 @@ pub async fn run_one(
     let started = Instant::now();
     let spec = name.spec();
     eprintln!("[drill {}] {}", name.as_str(), spec.injection);
-    let mut stage = Stage::prepare(
+    // The failover drill restarts its own PostgreSQL, never the stack's.
+    let pg = match name {
+        DrillName::PgFailover => Some(
+            PrivatePg::start(&world.dir().join("pg-failover-server"), port_base + 5)
+                .await
+                .context("start the drill's own PostgreSQL")?,
+        ),
+        _ => None,
+    };
+    let mut on_pg = base.clone();
+    if let Some(pg) = &pg {
+        on_pg.database_url = secrecy::SecretString::from(pg.url("postgres"));
+    }
+    let stage = Stage::prepare(
         name.as_str(),
-        base,
+        &on_pg,
         world,
         rt,
         sale_plan(name),
@@ -119,9 +133,21 @@ pub async fn run_one(
         port_base,
     )
     .await
-    .with_context(|| format!("prepare the {} drill", name.as_str()))?;
-    let figures = drive(name, world, &mut stage).await;
+    .with_context(|| format!("prepare the {} drill", name.as_str()));
+    let mut stage = match stage {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(pg) = &pg {
+                pg.stop().await;
+            }
+            return Err(e);
+        }
+    };
+    let figures = drive(name, world, &mut stage, pg.as_ref()).await;
     stage.finish().await;
+    if let Some(pg) = &pg {
+        pg.stop().await;
+    }
     let figures = figures?;
     let verdict = judge(&figures, &spec.targets);
     Ok(DrillReport {
@@ -133,7 +159,12 @@ pub async fn run_one(
     })
 }
 
-async fn drive(name: DrillName, world: &mut World, stage: &mut Stage) -> Result<Figures> {
+async fn drive(
+    name: DrillName,
+    world: &mut World,
+    stage: &mut Stage,
+    pg: Option<&PrivatePg>,
+) -> Result<Figures> {
     for i in 0..name.spec().engines {
         stage.start_engine(i).await?;
     }
@@ -141,7 +172,7 @@ async fn drive(name: DrillName, world: &mut World, stage: &mut Stage) -> Result<
         install_poison(stage).await?;
     }
     let crowd = stage.start_crowd();
-    let injected = inject(name, world, stage, &crowd).await?;
+    let injected = inject(name, world, stage, &crowd, pg).await?;
     let tally = crowd.finish().await;
     let accepted = tally.distinct();
     eprintln!(
@@ -187,6 +218,7 @@ async fn inject(
     world: &mut World,
     stage: &mut Stage,
     crowd: &Crowd,
+    pg: Option<&PrivatePg>,
 ) -> Result<Injected> {
     let users = stage.plan.users;
     match name {
@@ -209,16 +241,24 @@ async fn inject(
             stage.start_engine(0).await?;
             Ok(Injected::killed(Injected::healed_now(began, notes)))
         }
-        DrillName::BrokerRestart | DrillName::NetworkCut => {
+        DrillName::BrokerRestart => {
             crowd.until_sent(users * 3 / 10).await;
             let (began, mut notes) = Injected::begin();
             notes.push(format!("after {} requests", crowd.sent()));
-            let fault = if name == DrillName::BrokerRestart {
-                Fault::RestartBroker
-            } else {
-                Fault::CutLink
-            };
-            notes.push(apply(fault, world, stage).await?);
+            world.kill_broker().await;
+            // While it is down, what on-call's commands say (the playbook).
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            notes.push(during_outage(stage).await?);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            world.start_broker().await?;
+            notes.push("broker killed, answering again 5 s later".to_owned());
+            Ok(Injected::healed_now(began, notes))
+        }
+        DrillName::NetworkCut => {
+            crowd.until_sent(users * 3 / 10).await;
+            let (began, mut notes) = Injected::begin();
+            notes.push(format!("after {} requests", crowd.sent()));
+            notes.push(apply(Fault::CutLink, world, stage).await?);
             Ok(Injected::healed_now(began, notes))
         }
         DrillName::Poison => {
@@ -291,6 +331,25 @@ async fn inject(
             let (began, notes) = Injected::begin();
             Ok(Injected::healed_now(began, notes))
         }
+        DrillName::PgFailover => {
+            let pg = pg.context("the failover drill runs on its own PostgreSQL")?;
+            crowd.until_sent(users * 3 / 10).await;
+            let (began, mut notes) = Injected::begin();
+            let t = Instant::now();
+            pg.restart(RestartMode::Fast).await?;
+            notes.push(format!(
+                "fast restart after {} requests took {:.1} s",
+                crowd.sent(),
+                t.elapsed().as_secs_f64()
+            ));
+            let t = Instant::now();
+            pg.restart(RestartMode::Immediate).await?;
+            notes.push(format!(
+                "immediate restart (crash recovery) took {:.1} s",
+                t.elapsed().as_secs_f64()
+            ));
+            Ok(Injected::healed_now(began, notes))
+        }
         DrillName::EngineKillOneOfTwo => {
             crowd.until_sent(users * 2 / 5).await;
             let (began, mut notes) = Injected::begin();
@@ -339,6 +398,60 @@ async fn dead_but_applied(stage: &Stage, dlq: i64) -> Result<i64> {
             return Ok(applied);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `seckillctl health` and `backlog` against the drill's servers and its
+/// first engine while the broker is down, in one line for the report.
+async fn during_outage(stage: &Stage) -> Result<String> {
+    let engine = stage.engine_urls().into_iter().next().unwrap_or_default();
+    let (code, out) = stage
+        .seckillctl(&[
+            "--engine-url",
+            &engine,
+            "health",
+            "--window",
+            "1s",
+            "-o",
+            "json",
+        ])
+        .await?;
+    let health: serde_json::Value = serde_json::from_str(json_part(&out)).unwrap_or_default();
+    let not_up: Vec<String> = health["components"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["state"] != "UP")
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["component"].as_str().unwrap_or("?"),
+                c["state"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    let circuit = health["components"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["component"] == "engine")
+        .and_then(|c| c["detail"].as_str())
+        .map_or("no circuit detail", |d| d.split(':').next().unwrap_or(d))
+        .to_owned();
+    let (backlog_code, _) = stage
+        .seckillctl(&["--engine-url", &engine, "backlog", "-o", "json"])
+        .await?;
+    Ok(format!(
+        "during the outage: health exit {code} ({}; engine: {circuit}), backlog exit {backlog_code}",
+        not_up.join(", ")
+    ))
+}
+
+/// The JSON document in a command's output (stderr may follow it).
+fn json_part(out: &str) -> &str {
+    match (out.find('{'), out.rfind('}')) {
+        (Some(a), Some(b)) if a < b => &out[a..=b],
+        _ => "",
     }
 }
 

@@ -181,15 +181,33 @@ impl World {
                 source,
             }
         })?;
-        let mut cmd = Command::new(&self.bins.broker);
-        cmd.arg("-c").arg(&conf).env("ROCKETMQ_HOME", &home);
-        let mut broker = Proc::spawn("drill broker", &mut cmd, &home.join("broker.log"))?;
         let addr = SocketAddr::new(BROKER_BEHIND_PROXY.into(), self.ports.broker());
-        broker
-            .wait_ready(Duration::from_secs(90), || port_open(addr))
-            .await?;
-        self.broker = Some(broker);
-        Ok(())
+        // rocketmq-rust 1.0.0's broker now and then rolls its own start back
+        // ("Service lifecycle operation failed", nothing else in its log)
+        // and exits; a second start on the same store comes up.
+        let mut attempt = 1;
+        loop {
+            let mut cmd = Command::new(&self.bins.broker);
+            cmd.arg("-c").arg(&conf).env("ROCKETMQ_HOME", &home);
+            let mut broker = Proc::spawn("drill broker", &mut cmd, &home.join("broker.log"))?;
+            match broker
+                .wait_ready(Duration::from_secs(90), || port_open(addr))
+                .await
+            {
+                Ok(()) => {
+                    self.broker = Some(broker);
+                    return Ok(());
+                }
+                Err(ProcError::Exited { .. }) if attempt < 3 => {
+                    tracing::warn!(
+                        attempt,
+                        "the drill broker exited while starting; starting it again"
+                    );
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// kill -9 of the broker (seed §29.3 #5). Its store stays on disk.

@@ -335,7 +335,19 @@ impl Stage {
         let count = |offsets: Vec<(String, seckill_engine::QueueOffsets)>| {
             offsets.iter().map(|(_, q)| q.max - q.min).sum::<i64>()
         };
-        let main = count(self.admin.queue_offsets(&self.names.topic(kind)).await?);
+        // A broker that just restarted answers before it has registered
+        // with the NameServer again: give it the NameServer's round.
+        let started = Instant::now();
+        let main = loop {
+            match self.admin.queue_offsets(&self.names.topic(kind)).await {
+                Ok(o) => break count(o),
+                Err(e) if started.elapsed() < Duration::from_secs(45) => {
+                    tracing::debug!(error = %e, "broker not registered yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e).context("read the drill topic's offsets"),
+            }
+        };
         // A DLQ topic exists only once something died: no route is 0.
         let dead = match self.admin.queue_offsets(&self.names.dlq_topic(kind)).await {
             Ok(o) => count(o),

@@ -7,6 +7,7 @@
 //! Inputs: [`Config`], the client runtime. Output: [`HealthReport`].
 
 use crate::config::Config;
+use crate::domain::stats::{CircuitView, StatsView};
 use crate::mq::rocket::RocketAdmin;
 use crate::store::db;
 use crate::store::redis as redis_conn;
@@ -269,7 +270,16 @@ pub async fn engine(cfg: &Config) -> ComponentHealth {
             .await
             .map_err(ProbeError::NoEngine)?;
         Ok(if resp.status().is_success() {
-            ("-".to_owned(), HealthState::Up, None)
+            // The send circuit says whether this engine can reach the
+            // broker now (docs/architecture.md §6.7).
+            let circuit = match http.get(format!("{url}/v1/stats")).send().await {
+                Ok(r) => r.json::<StatsView>().await.ok().map(|s| s.circuit),
+                Err(_) => None,
+            };
+            match circuit.as_ref().and_then(circuit_detail) {
+                Some(detail) => ("-".to_owned(), HealthState::Degraded, Some(detail)),
+                None => ("-".to_owned(), HealthState::Up, None),
+            }
         } else {
             (
                 "-".to_owned(),
@@ -285,6 +295,19 @@ pub async fn engine(cfg: &Config) -> ComponentHealth {
     row("engine", &url, started, result)
 }
 
+/// What an open send circuit means for on-call, or `None` while it is closed.
+pub fn circuit_detail(c: &CircuitView) -> Option<String> {
+    if c.state == "CLOSED" {
+        return None;
+    }
+    Some(format!(
+        "send circuit {} for {:.0} s: the broker does not answer; {} message(s) held, pending in Redis until it does (docs/architecture.md §6.7)",
+        c.state,
+        c.open_for_s.unwrap_or(0.0),
+        c.held
+    ))
+}
+
 /// Probes everything concurrently.
 pub async fn check(cfg: &Config, rt: Arc<ClientRuntime>) -> HealthReport {
     let (pg, rd, mq, dlq) =
@@ -293,4 +316,27 @@ pub async fn check(cfg: &Config, rt: Arc<ClientRuntime>) -> HealthReport {
     components.extend(mq);
     components.extend(dlq);
     HealthReport { components }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_circuit_degrades_the_engine_with_the_outage_in_words() {
+        let closed = CircuitView::default();
+        assert_eq!(circuit_detail(&closed), None);
+        let open = CircuitView {
+            state: "OPEN".into(),
+            open_for_s: Some(7.4),
+            opened: 1,
+            held: 320,
+            probes: 4,
+        };
+        let d = circuit_detail(&open).expect("an open circuit is news");
+        assert!(
+            d.contains("OPEN for 7 s") && d.contains("320 message(s) held"),
+            "{d}"
+        );
+    }
 }
