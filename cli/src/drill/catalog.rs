@@ -19,6 +19,7 @@ pub enum DrillName {
     DlqReplayTwice,
     CancelEarlyLate,
     PgFailover,
+    ScaleToSaturation,
 }
 
 /// One drill's description.
@@ -38,7 +39,7 @@ pub struct Spec {
 }
 
 impl DrillName {
-    pub const ALL: [DrillName; 12] = [
+    pub const ALL: [DrillName; 13] = [
         DrillName::EngineKill,
         DrillName::ConsumerKill,
         DrillName::BrokerRestart,
@@ -51,6 +52,7 @@ impl DrillName {
         DrillName::DlqReplayTwice,
         DrillName::CancelEarlyLate,
         DrillName::PgFailover,
+        DrillName::ScaleToSaturation,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -67,6 +69,7 @@ impl DrillName {
             DrillName::DlqReplayTwice => "dlq-replay-twice",
             DrillName::CancelEarlyLate => "cancel-early-late",
             DrillName::PgFailover => "pg-failover",
+            DrillName::ScaleToSaturation => "scale-to-saturation",
         }
     }
 
@@ -189,6 +192,14 @@ impl DrillName {
                 quiet(30.0),
                 1,
             ),
+            DrillName::ScaleToSaturation => (
+                Some(10),
+                "the consumer asks for 16 threads on an 8-connection pool; mid-burst PostgreSQL saturates (the SKU row held 6 s, every order transaction waits)",
+                "the governor keeps the consumer inside its PostgreSQL budget and does not raise it while transactions wait; `scale advise` does not say to add consumers",
+                false,
+                quiet(20.0),
+                1,
+            ),
         };
         Spec {
             name: self,
@@ -216,6 +227,7 @@ impl DrillName {
             DrillName::DlqReplayTwice => "playbooks/dlq-replay-twice.md",
             DrillName::CancelEarlyLate => "playbooks/cancel-early-late.md",
             DrillName::PgFailover => "playbooks/pg-failover.md",
+            DrillName::ScaleToSaturation => "playbooks/scale-to-saturation.md",
         }
     }
 }

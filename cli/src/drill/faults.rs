@@ -66,7 +66,7 @@ pub async fn apply(fault: Fault, world: &mut World, stage: &mut Stage) -> Result
 }
 
 /// An outside session locks the SKU's inventory row for `hold`, then lets go.
-async fn hold_sku_row(stage: &Stage, hold: Duration) -> Result<()> {
+pub async fn hold_sku_row(stage: &Stage, hold: Duration) -> Result<()> {
     let mut tx = stage.pool.begin().await?;
     sqlx::query("SELECT 1 FROM inventory WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE")
         .bind(stage.activity)

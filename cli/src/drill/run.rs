@@ -2,7 +2,7 @@
 //! moment, the wait for quiet, the figures and the verdict.
 
 use super::catalog::DrillName;
-use super::faults::{Fault, apply};
+use super::faults::{Fault, apply, hold_sku_row};
 use super::pg::{PrivatePg, RestartMode};
 use super::procs::Signal;
 use super::servers::World;
@@ -38,6 +38,8 @@ struct Injected {
     dead: u64,
     /// An engine was killed: its send counters died with it.
     engine_killed: bool,
+    /// What the injection itself saw go wrong (see [`Figures::unmet`]).
+    unmet: Vec<String>,
     notes: Vec<String>,
 }
 
@@ -61,6 +63,7 @@ impl Injected {
             dead: 0,
             engine_killed: false,
             notes,
+            unmet: Vec::new(),
         }
     }
 }
@@ -79,6 +82,10 @@ fn engine_toml(name: DrillName) -> String {
             "[consumer]\nbatch_max = 1\nthreads = 2\n"
         }
         DrillName::BacklogExpiry => "[consumer]\nbatch_max = 1\nthreads = 1\n",
+        // More threads wanted than the pool's budget (8 x 0.5 = 4).
+        DrillName::ScaleToSaturation => {
+            "[consumer]\nbatch_max = 16\nthreads = 16\n[pg]\nmax_connections = 8\n"
+        }
         _ => "[consumer]\nbatch_max = 16\nthreads = 4\n",
     };
     format!(
@@ -350,6 +357,49 @@ async fn inject(
             ));
             Ok(Injected::healed_now(began, notes))
         }
+        DrillName::ScaleToSaturation => {
+            crowd.until_sent(users * 3 / 10).await;
+            let (began, mut notes) = Injected::begin();
+            let before = governor(stage).await.map_or(0, |g| g.limit);
+            let hold = Duration::from_secs(6);
+            let (held, samples, advice) = tokio::join!(
+                hold_sku_row(stage, hold),
+                sample_governor(stage, hold),
+                async {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    advise(stage).await
+                }
+            );
+            held?;
+            let max = samples.iter().map(|g| g.limit).max().unwrap_or(0);
+            let budget = samples.iter().map(|g| g.budget).max().unwrap_or(0);
+            notes.push(format!(
+                "SKU row held 6 s; consumer concurrency {before} before, at most {max} while saturated (budget {budget}); scale advise: {}",
+                advice.as_deref().unwrap_or("no answer")
+            ));
+            let mut injected = Injected::healed_now(began, notes);
+            if samples.iter().any(|g| g.limit > g.budget) {
+                injected
+                    .unmet
+                    .push(format!("concurrency {max} went past the budget {budget}"));
+            }
+            if max > before {
+                injected.unmet.push(format!(
+                    "concurrency rose from {before} to {max} while PostgreSQL was saturated"
+                ));
+            }
+            if advice.as_deref() == Some("SCALE_OUT_CONSUMERS") {
+                injected.unmet.push(
+                    "scale advise said to add consumers to a saturated PostgreSQL".to_owned(),
+                );
+            }
+            if samples.is_empty() {
+                injected
+                    .unmet
+                    .push("no governor sample while saturated".to_owned());
+            }
+            Ok(injected)
+        }
         DrillName::EngineKillOneOfTwo => {
             crowd.until_sent(users * 2 / 5).await;
             let (began, mut notes) = Injected::begin();
@@ -453,6 +503,32 @@ fn json_part(out: &str) -> &str {
         (Some(a), Some(b)) if a < b => &out[a..=b],
         _ => "",
     }
+}
+
+async fn governor(stage: &Stage) -> Option<seckill_engine::GovernorView> {
+    stage.stats().await.into_iter().next().map(|s| s.governor)
+}
+
+/// The engine's governor view every 200 ms for `span`.
+async fn sample_governor(stage: &Stage, span: Duration) -> Vec<seckill_engine::GovernorView> {
+    let started = Instant::now();
+    let mut out = Vec::new();
+    while started.elapsed() < span {
+        out.extend(governor(stage).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    out
+}
+
+/// The action `seckillctl scale advise` picks now.
+async fn advise(stage: &Stage) -> Option<String> {
+    let engine = stage.engine_urls().into_iter().next()?;
+    let (_, out) = stage
+        .seckillctl(&["--engine-url", &engine, "scale", "advise", "-o", "json"])
+        .await
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(json_part(&out)).ok()?;
+    v["advice"]["action"].as_str().map(str::to_owned)
 }
 
 /// The "decision X, outcome Y" part of a replay's report line.
@@ -589,6 +665,6 @@ async fn figures(
         dlq_applied,
         violated: stage.violated().await?,
         notes: injected.notes.clone(),
-        unmet: Vec::new(),
+        unmet: injected.unmet.clone(),
     })
 }
