@@ -167,12 +167,12 @@ impl DrillName {
             DrillName::DlqReplayTwice => (
                 Some(8),
                 "a message dies (a trigger refuses one user's order); the trigger is dropped and `seckillctl dlq replay` runs twice",
-                "the first replay creates the order under the original message_id; the second changes nothing: one order",
+                "the first replay creates the order under the original message_id; the second changes nothing: one order, and no dead message left without its effect",
                 false,
                 Targets {
                     recovery_s: 30.0,
                     sends_per_affected: None,
-                    dlq: 1,
+                    dlq: 0,
                 },
                 1,
             ),
