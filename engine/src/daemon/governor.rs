@@ -159,11 +159,15 @@ pub fn spawn(
     observer: Observer,
     governor: Arc<Governor>,
     consume: Arc<ConsumeStats>,
+    circuit: Arc<crate::pipeline::circuit::SendCircuit>,
     fill: impl Fn() -> crate::domain::stats::StatsView + Send + 'static,
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) {
     let every = Duration::from_millis(observer.config().governor.interval_ms.max(100));
+    let order_group = crate::mq::Names::new(observer.config().topic_prefix.clone())
+        .group(crate::mq::TopicKind::OrderCreate);
+    let mut stall = crate::decide::stall::StallWatch::default();
     let mut watch = Watch::new(observer);
     tracker.spawn(async move {
         loop {
@@ -175,6 +179,21 @@ pub fn spawn(
             let o = watch.next_with(Some(fill())).await;
             if o.sighted() {
                 governor.observe(&o.advice, o.sample.at_ms);
+            }
+            if let Some(g) = o.sample.groups.iter().find(|g| g.group == order_group) {
+                let tick = crate::decide::stall::ConsumerTick {
+                    lag_messages: g.lag_messages,
+                    consumer_offsets: g.consumer_offsets,
+                    inflight: consume.inflight.get(),
+                    now_ms: o.sample.at_ms,
+                };
+                if stall.observe(tick) {
+                    tracing::warn!(
+                        group = %order_group, lag = g.lag_messages,
+                        "order consumer stalled: messages wait, none in hand, offsets still; restarting the consumers"
+                    );
+                    circuit.restart_consumers();
+                }
             }
             governor.store(Tick {
                 sample: o.sample,

@@ -384,6 +384,7 @@ async fn start_governor(
         observer,
         governor,
         consume,
+        ctx.circuit.clone(),
         move || view_of.stats_view(),
         &ctx.tracker,
         ctx.cancel.clone(),

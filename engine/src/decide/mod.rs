@@ -1,5 +1,6 @@
 //! Pure decisions over numbers the observers measured: backlog verdicts,
-//! scale advice, alert rules and admission. No I/O, unit-tested on the
+//! scale advice, alert rules, admission, the send circuit and the stalled
+//! consumer watch. No I/O, unit-tested on the
 //! worked examples of docs/architecture.md §10, §11.
 
 pub mod admission;
@@ -7,3 +8,4 @@ pub mod alerts;
 pub mod backlog;
 pub mod circuit;
 pub mod scale;
+pub mod stall;

@@ -47,6 +47,12 @@ impl SendCircuit {
         }
     }
 
+    /// Asks for the same consumer restart a closing circuit does: the
+    /// governor's stalled-consumer watch calls it (`decide::stall`).
+    pub fn restart_consumers(&self) {
+        self.reconnects.send_modify(|n| *n += 1);
+    }
+
     /// Changes each time the circuit closes after an outage.
     pub fn reconnects(&self) -> tokio::sync::watch::Receiver<u64> {
         self.reconnects.subscribe()
