@@ -1,5 +1,6 @@
-//! Consumers restarted when the broker comes back after an outage
-//! (docs/architecture.md §6.7).
+//! Consumers restarted when the broker comes back after an outage, or when
+//! the governor finds the order consumer stalled (`decide::stall`); both
+//! ask through the send circuit's restart channel (docs/architecture.md §6.7).
 //!
 //! Why: rocketmq-rust 1.0.0 does not fail the requests in flight on a
 //! connection that closes. A push consumer's long-polling pulls sent before

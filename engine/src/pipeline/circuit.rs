@@ -16,8 +16,9 @@ pub struct SendCircuit {
     held: Counter,
     /// Batches sent as probes.
     probes: Counter,
-    /// Times the broker came back after an outage; the daemon restarts
-    /// its consumers on each (docs/architecture.md §6.7).
+    /// Bumped when the broker came back after an outage, or a stalled
+    /// consumer asked; the daemon restarts its consumers on each
+    /// (docs/architecture.md §6.7).
     reconnects: tokio::sync::watch::Sender<u64>,
 }
 
