@@ -91,7 +91,7 @@ impl Tabular for ListView {
     fn table(&self) -> comfy_table::Table {
         let mut t = new_table([
             "DRILL",
-            "SEED §29.3",
+            "ROW (§13.5)",
             "INJECTION",
             "EXPECTED",
             "PLAYBOOK",
@@ -199,7 +199,7 @@ impl Tabular for ChaosView {
                 if r.passed { "PASS" } else { "FAIL" }.to_owned(),
                 r.steps
                     .iter()
-                    .map(|s| format!("{} at {:.0}%", s.fault.label(), s.at * 100.0))
+                    .map(chaos::Step::label)
                     .collect::<Vec<_>>()
                     .join(", "),
                 r.accepted.to_string(),
@@ -228,6 +228,16 @@ impl Tabular for ChaosView {
                 ""
             }
         )]
+    }
+}
+
+/// The error that stopped a run, else 0 when everything passed, 5 when
+/// something failed.
+fn exit(error: Option<anyhow::Error>, passed: bool) -> Result<Exit> {
+    match error {
+        Some(e) => Err(e),
+        None if passed => Ok(Exit::Ok),
+        None => Ok(Exit::Violation),
     }
 }
 
@@ -268,11 +278,7 @@ pub async fn run(cmd: DrillCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
         } => {
             let seed = seed.unwrap_or_else(rand::random);
             let (mut world, dir) = world(port_base).await?;
-            let result = chaos::run_all(runs, seed, cfg, &mut world, rt, port_base).await;
-            let (runs, error) = match result {
-                Ok(r) => (r, None),
-                Err(e) => (Vec::new(), Some(e)),
-            };
+            let (runs, error) = chaos::run_all(runs, seed, cfg, &mut world, rt, port_base).await;
             let passed = error.is_none() && runs.iter().all(|r| r.passed);
             finish(world, &dir, passed).await;
             let view = ChaosView {
@@ -281,11 +287,7 @@ pub async fn run(cmd: DrillCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
                 aborted: error.as_ref().map(|e| format!("{e:#}")),
             };
             render(&mut std::io::stdout().lock(), output, &view)?;
-            match error {
-                Some(e) => Err(e),
-                None if passed => Ok(Exit::Ok),
-                None => Ok(Exit::Violation),
-            }
+            exit(error, passed)
         }
         DrillCmd::List { output } => {
             let view = ListView {
@@ -327,11 +329,7 @@ pub async fn run(cmd: DrillCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
                 aborted: error.as_ref().map(|e| format!("{e:#}")),
             };
             render(&mut std::io::stdout().lock(), output, &view)?;
-            match error {
-                Some(e) => Err(e),
-                None if passed => Ok(Exit::Ok),
-                None => Ok(Exit::Violation),
-            }
+            exit(error, passed)
         }
     }
 }

@@ -26,7 +26,7 @@ pub enum DrillName {
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Spec {
     pub name: DrillName,
-    /// The seed §29.3 row it covers, if any.
+    /// The injection row of docs/architecture.md §13.5 it covers, if any.
     pub seed_row: Option<u8>,
     pub injection: &'static str,
     pub expected: &'static str,

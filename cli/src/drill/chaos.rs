@@ -22,6 +22,12 @@ pub struct Step {
     pub fault: Fault,
 }
 
+impl Step {
+    pub fn label(&self) -> String {
+        format!("{} at {:.0}%", self.fault.label(), self.at * 100.0)
+    }
+}
+
 /// Engines in a chaos sale: faults may hit either.
 const ENGINES: usize = 2;
 
@@ -63,7 +69,8 @@ pub struct ChaosRun {
     pub passed: bool,
 }
 
-/// Runs `runs` chaos sales under `seed`, one after the other.
+/// Runs `runs` chaos sales under `seed`, one after the other. The runs
+/// done, and the error that stopped the rest, if one did.
 pub async fn run_all(
     runs: u32,
     seed: u64,
@@ -71,25 +78,26 @@ pub async fn run_all(
     world: &mut World,
     rt: Arc<ClientRuntime>,
     port_base: u16,
-) -> Result<Vec<ChaosRun>> {
+) -> (Vec<ChaosRun>, Option<anyhow::Error>) {
     let mut out = Vec::new();
     for run in 0..runs {
         let steps = schedule(seed, run);
-        let labels: Vec<String> = steps
-            .iter()
-            .map(|s| format!("{} at {:.0}%", s.fault.label(), s.at * 100.0))
-            .collect();
+        let labels: Vec<String> = steps.iter().map(Step::label).collect();
         eprintln!("[chaos {run}/{runs}] seed {seed}: {}", labels.join(", "));
-        let r = one(run, seed, steps, base, world, rt.clone(), port_base)
+        let r = match one(run, seed, steps, base, world, rt.clone(), port_base)
             .await
-            .with_context(|| format!("chaos run {run} (seed {seed}) could not run"))?;
+            .with_context(|| format!("chaos run {run} (seed {seed}) could not run"))
+        {
+            Ok(r) => r,
+            Err(e) => return (out, Some(e)),
+        };
         eprintln!(
             "[chaos {run}/{runs}] {}",
             if r.passed { "PASS" } else { "FAIL" }
         );
         out.push(r);
     }
-    Ok(out)
+    (out, None)
 }
 
 async fn one(

@@ -44,12 +44,7 @@ pub async fn apply(fault: Fault, world: &mut World, stage: &mut Stage) -> Result
                 None => format!("engine {i} was not running; started"),
             })
         }
-        Fault::RestartBroker => {
-            world.kill_broker().await;
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            world.start_broker().await?;
-            Ok("broker killed, answering again 5 s later".to_owned())
-        }
+        Fault::RestartBroker => restart_broker(world, async { Ok(None) }).await,
         Fault::CutLink => {
             world.set_link(Link::RepliesLost);
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -63,6 +58,23 @@ pub async fn apply(fault: Fault, world: &mut World, stage: &mut Stage) -> Result
             Ok("inventory row held for 8 s".to_owned())
         }
     }
+}
+
+/// kill -9 of the broker, started again 5 s later; `while_down` runs 2 s
+/// into the outage and may add to the report.
+pub async fn restart_broker(
+    world: &mut World,
+    while_down: impl std::future::Future<Output = Result<Option<String>>>,
+) -> Result<String> {
+    world.kill_broker().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = while_down.await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    world.start_broker().await?;
+    Ok(match seen {
+        Some(seen) => format!("{seen}; broker killed, answering again 5 s later"),
+        None => "broker killed, answering again 5 s later".to_owned(),
+    })
 }
 
 /// An outside session locks the SKU's inventory row for `hold`, then lets go.

@@ -1,6 +1,6 @@
-//! The pay-and-cancel half of the cancel-early-late drill (seed §29.3 #9,
-//! docs/architecture.md §8): cancel messages delivered before the deadline
-//! and after payment, and how late the real cancels come.
+//! The pay-and-cancel half of the cancel-early-late drill (row #9 of
+//! docs/architecture.md §13.5; the cancel is §8): cancel messages delivered
+//! before the deadline and after payment, and how late the real cancels come.
 
 use super::stage::Stage;
 use super::verdict::Figures;

@@ -1,4 +1,5 @@
-//! A private PostgreSQL cluster for the failover drill (seed §29.3 #4): its
+//! A private PostgreSQL cluster for the failover drill (docs/architecture.md
+//! §13.5, row #4): its
 //! own data directory and port, created with `initdb`, started, restarted
 //! and stopped with `pg_ctl` on that directory only. The machine's own
 //! server is never touched (docs/architecture.md §13.5).

@@ -1,6 +1,7 @@
 //! A TCP proxy on loopback in front of the drill's broker, with a switch
-//! that cuts the link the way seed §29.3 #2 wants it cut: the request
-//! reaches the broker and is stored, the reply never comes back
+//! that cuts the link the way row #2 of docs/architecture.md §13.5 wants
+//! it: the request reaches the broker and is stored, the reply never comes
+//! back
 //! (docs/architecture.md §6: the send's outcome is unknown, the scanner
 //! re-sends with the same `message_id`, the inbox absorbs the duplicate).
 

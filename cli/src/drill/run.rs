@@ -2,7 +2,7 @@
 //! moment, the wait for quiet, the figures and the verdict.
 
 use super::catalog::DrillName;
-use super::faults::{Fault, apply, hold_sku_row};
+use super::faults::{Fault, apply, hold_sku_row, restart_broker};
 use super::pg::{PrivatePg, RestartMode};
 use super::procs::Signal;
 use super::servers::World;
@@ -252,13 +252,9 @@ async fn inject(
             crowd.until_sent(users * 3 / 10).await;
             let (began, mut notes) = Injected::begin();
             notes.push(format!("after {} requests", crowd.sent()));
-            world.kill_broker().await;
             // While it is down, what on-call's commands say (the playbook).
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            notes.push(during_outage(stage).await?);
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            world.start_broker().await?;
-            notes.push("broker killed, answering again 5 s later".to_owned());
+            let probe = async { during_outage(stage).await.map(Some) };
+            notes.push(restart_broker(world, probe).await?);
             Ok(Injected::healed_now(began, notes))
         }
         DrillName::NetworkCut => {
@@ -557,7 +553,7 @@ async fn wait_dead_message(stage: &Stage, limit: Duration) -> Result<String> {
     }
 }
 
-/// Seed §29.3 #7: the drill only proves something if some reservations
+/// Row #7 of docs/architecture.md §13.5: the drill only proves something if some reservations
 /// did expire in the frozen backlog.
 async fn expired_check(stage: &Stage, f: &mut Figures) -> Result<()> {
     let expired: i64 = sqlx::query_scalar(
@@ -576,7 +572,7 @@ async fn expired_check(stage: &Stage, f: &mut Figures) -> Result<()> {
     Ok(())
 }
 
-/// Seed §29.3 #8: two replays, one effect.
+/// Row #8 of docs/architecture.md §13.5: two replays, one effect.
 async fn one_order_for_poison_user(stage: &Stage, f: &mut Figures) -> Result<()> {
     let orders: i64 =
         sqlx::query_scalar("SELECT count(*) FROM orders WHERE activity_id = $1 AND user_id = $2")

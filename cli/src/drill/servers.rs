@@ -91,6 +91,13 @@ impl Binaries {
     }
 }
 
+fn mkdir(path: &Path) -> Result<(), ServerError> {
+    std::fs::create_dir_all(path).map_err(|source| ServerError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
 }
@@ -114,10 +121,7 @@ impl World {
     /// Starts Redis, the NameServer, the proxy and the broker under `dir`.
     pub async fn start(dir: &Path, ports: Ports, bins: Binaries) -> Result<Self, ServerError> {
         bins.check()?;
-        std::fs::create_dir_all(dir).map_err(|source| ServerError::Io {
-            path: dir.to_owned(),
-            source,
-        })?;
+        mkdir(dir)?;
         for (what, port) in [
             ("redis", ports.redis()),
             ("nameserver", ports.namesrv()),
@@ -170,10 +174,7 @@ impl World {
         }
         let home = self.dir.join("broker");
         let store = home.join("store");
-        std::fs::create_dir_all(&store).map_err(|source| ServerError::Io {
-            path: store.clone(),
-            source,
-        })?;
+        mkdir(&store)?;
         let conf = home.join("broker.toml");
         std::fs::write(&conf, broker_toml(self.ports, &store)).map_err(|source| {
             ServerError::Io {
@@ -210,7 +211,7 @@ impl World {
         }
     }
 
-    /// kill -9 of the broker (seed §29.3 #5). Its store stays on disk.
+    /// kill -9 of the broker (the broker-restart drill). Its store stays on disk.
     pub async fn kill_broker(&mut self) {
         if let Some(mut b) = self.broker.take() {
             b.kill9().await;
@@ -233,10 +234,7 @@ impl World {
 
 async fn start_redis(dir: &Path, bins: &Binaries, ports: Ports) -> Result<Proc, ServerError> {
     let home = dir.join("redis");
-    std::fs::create_dir_all(&home).map_err(|source| ServerError::Io {
-        path: home.clone(),
-        source,
-    })?;
+    mkdir(&home)?;
     let mut cmd = Command::new(&bins.redis);
     cmd.args(["--bind", "127.0.0.1", "--port"])
         .arg(ports.redis().to_string())
@@ -251,10 +249,7 @@ async fn start_redis(dir: &Path, bins: &Binaries, ports: Ports) -> Result<Proc, 
 
 async fn start_namesrv(dir: &Path, bins: &Binaries, ports: Ports) -> Result<Proc, ServerError> {
     let home = dir.join("namesrv");
-    std::fs::create_dir_all(&home).map_err(|source| ServerError::Io {
-        path: home.clone(),
-        source,
-    })?;
+    mkdir(&home)?;
     let mut cmd = Command::new(&bins.namesrv);
     cmd.args(["--bindAddress", "127.0.0.1", "--listenPort"])
         .arg(ports.namesrv().to_string())

@@ -28,7 +28,7 @@ pub struct SalePlan {
     pub users: u64,
     /// Requests offered per second.
     pub rate: u64,
-    /// How long a reservation stays valid (seed §29.3 #7 shortens it).
+    /// How long a reservation stays valid (backlog-expiry shortens it).
     pub valid_for_ms: i64,
     pub pay_within_ms: i64,
 }
@@ -173,12 +173,9 @@ impl Stage {
         })
     }
 
-    /// Starts engine number `i` (again), and waits until `/readyz` answers.
-    pub async fn start_engine(&mut self, i: usize) -> Result<()> {
-        let listen: SocketAddr = format!("127.0.0.1:{}", self.port_base + 20 + i as u16).parse()?;
-        if port_open(listen).await {
-            anyhow::bail!("{listen} is taken; is another drill running?");
-        }
+    /// This binary, pointed at the drill's servers, database and prefixes.
+    /// Flags, so they win over any `SECKILL_*` variable the caller has.
+    fn command(&self) -> Result<Command> {
         let exe = std::env::current_exe().context("find the seckillctl binary")?;
         let mut cmd = Command::new(exe);
         cmd.arg("--config")
@@ -190,10 +187,18 @@ impl Stage {
             .arg("--namesrv-addr")
             .arg(&self.cfg.namesrv_addr)
             .arg("--topic-prefix")
-            .arg(&self.cfg.topic_prefix)
-            .arg("--log")
-            .arg("info")
-            .args(["engine", "run", "--listen"])
+            .arg(&self.cfg.topic_prefix);
+        Ok(cmd)
+    }
+
+    /// Starts engine number `i` (again), and waits until `/readyz` answers.
+    pub async fn start_engine(&mut self, i: usize) -> Result<()> {
+        let listen: SocketAddr = format!("127.0.0.1:{}", self.port_base + 20 + i as u16).parse()?;
+        if port_open(listen).await {
+            anyhow::bail!("{listen} is taken; is another drill running?");
+        }
+        let mut cmd = self.command()?;
+        cmd.args(["--log", "info", "engine", "run", "--listen"])
             .arg(listen.to_string());
         let log = self.dir.join(format!("engine-{i}.log"));
         let mut proc = Proc::spawn(&format!("engine {i}"), &mut cmd, &log)?;
@@ -252,18 +257,8 @@ impl Stage {
     /// Runs `seckillctl ARGS…` against this drill's servers, as on-call
     /// would; its exit code and its output.
     pub async fn seckillctl(&self, args: &[&str]) -> Result<(i32, String)> {
-        let exe = std::env::current_exe().context("find the seckillctl binary")?;
-        let out = Command::new(exe)
-            .arg("--config")
-            .arg(&self.conf)
-            .arg("--database-url")
-            .arg(self.cfg.database_url.expose_secret())
-            .arg("--redis-url")
-            .arg(self.cfg.redis_url.expose_secret())
-            .arg("--namesrv-addr")
-            .arg(&self.cfg.namesrv_addr)
-            .arg("--topic-prefix")
-            .arg(&self.cfg.topic_prefix)
+        let out = self
+            .command()?
             .args(args)
             .output()
             .await
