@@ -147,7 +147,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Scale(c) => cmd::observe::scale(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Mq(c) => cmd::mq::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Config(a) => cmd::config::run(a, &cfg).map(|()| Exit::Ok),
-            Command::Activity(c) => cmd::activity::run(c, &cfg).await.map(|()| Exit::Ok),
+            Command::Activity(c) => cmd::activity::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Dlq(c) => cmd::dlq::run(c, &cfg, rt).await,
             Command::Order(c) => cmd::order::run(c, &cfg).await,
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,

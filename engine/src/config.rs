@@ -35,6 +35,17 @@ pub struct Config {
     /// docs/architecture.md §11.2 thresholds.
     pub alerts: crate::decide::alerts::AlertConfig,
     pub governor: GovernorConfig,
+    pub redis: RedisConfig,
+}
+
+/// What is expected of the Redis in use.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `health` warns when Redis keeps nothing across a restart
+    /// (docs/architecture.md §4.5). Off by default: the loopback Redis of a
+    /// development machine often runs without persistence on purpose.
+    pub expect_persistence: bool,
 }
 
 /// The daemon's backlog governor (docs/architecture.md §10): how often it samples
@@ -231,6 +242,7 @@ impl Default for Config {
             dlq: DlqConfig::default(),
             alerts: crate::decide::alerts::AlertConfig::default(),
             governor: GovernorConfig::default(),
+            redis: RedisConfig::default(),
         }
     }
 }

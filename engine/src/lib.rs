@@ -72,6 +72,7 @@ pub use domain::status::{self, *};
 // Pure decisions.
 pub use decide::alerts::{self, Alert, AlertConfig, AlertInputs, AlertState, Ratio};
 pub use decide::backlog::{self, Drain, Level};
+pub use decide::redis_state::RedisState;
 pub use decide::scale::{self, Advice, ScaleInputs};
 
 // Adapters.
@@ -111,4 +112,5 @@ pub use observe::{History, Observation, Observer, RATE_SPAN, Sample, Source, Sou
 pub use ops::activity::{self, ActivityError, ActivityView, NewActivity};
 pub use ops::facts::{self, PipelineFacts};
 pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVerdict};
+pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, RestoreRequest};
 pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};

@@ -457,7 +457,7 @@ fn release_msg(rsv: &ReservationId, user: i64, source: CompensationSource) -> Re
 fn a_compensation_delivered_twice_releases_once() {
     run(Setup::Full, |env| async move {
         let store = store(&env);
-        store.seed_stock(ACTIVITY, SKU, 10, false).await?;
+        store.seed_stock(ACTIVITY, SKU, 10, false, 1).await?;
         let stats = stats();
         let consumer =
             CompensationConsumer::new(env.pool.clone(), store.clone(), &env.names, stats.clone());
@@ -576,7 +576,7 @@ fn the_projection_replayed_out_of_order_ends_at_the_newest_state() {
     run(Setup::Full, |env| async move {
         seed_sold_out(&env, 1).await?;
         let store = store(&env);
-        store.seed_stock(ACTIVITY, SKU, 1, false).await?;
+        store.seed_stock(ACTIVITY, SKU, 1, false, 1).await?;
         let id = insert_order(&env, 1, ChronoDuration::minutes(10)).await?;
         let o = order::get(&env.pool, &id).await?.expect("order");
         let consumer =
@@ -643,7 +643,7 @@ fn the_sweeps_settle_what_lost_messages_left_behind() {
     run(Setup::Full, |env| async move {
         seed_sold_out(&env, 2).await?;
         let store = store(&env);
-        store.seed_stock(ACTIVITY, SKU, 5, false).await?;
+        store.seed_stock(ACTIVITY, SKU, 5, false, 1).await?;
         let stats = stats();
         let overdue = insert_order(&env, 1, ChronoDuration::minutes(-5)).await?;
         let fresh = insert_order(&env, 2, ChronoDuration::seconds(-1)).await?;

@@ -82,7 +82,7 @@ async fn is_buyer(env: &TestEnv, activity: ActivityId, user: UserId) -> Result<b
 fn reserve_writes_everything_once_per_request() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 10, false).await?;
+        s.seed_stock(A, SKU, 10, false, 1).await?;
         let req = request(A, SKU, 1);
         let ReserveOutcome::Reserved(r) = s.reserve(&req, NOW + 3_000).await? else {
             bail!("expected Reserved");
@@ -146,8 +146,8 @@ fn reserve_writes_everything_once_per_request() {
 fn sold_out_duplicate_user_and_not_seeded() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 3, false).await?;
-        s.seed_stock(A, SkuId(44), 5, false).await?;
+        s.seed_stock(A, SKU, 3, false, 1).await?;
+        s.seed_stock(A, SkuId(44), 5, false, 1).await?;
         reserve(&s, A, 1, NOW).await?;
         // One live reservation per user per activity, whatever the sku.
         for sku in [SKU, SkuId(44)] {
@@ -183,7 +183,7 @@ fn concurrent_reserves_never_oversell() {
     run(Setup::EmptyDatabase, |env| async move {
         const TASKS: i64 = 16;
         const USERS: i64 = 300;
-        store(&env).seed_stock(A, SKU, 100, false).await?;
+        store(&env).seed_stock(A, SKU, 100, false, 1).await?;
         let mut tasks = tokio::task::JoinSet::new();
         for t in 0..TASKS {
             let s = own_store(&env).await?;
@@ -220,8 +220,8 @@ fn concurrent_reserves_never_oversell() {
 fn mark_sent_is_a_cas_on_message_id() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 10, false).await?;
-        s.seed_stock(B, SKU, 10, false).await?;
+        s.seed_stock(A, SKU, 10, false, 1).await?;
+        s.seed_stock(B, SKU, 10, false, 1).await?;
         let r1 = reserve(&s, A, 1, NOW).await?;
 
         assert!(
@@ -301,7 +301,7 @@ fn mark_sent_is_a_cas_on_message_id() {
 fn claim_due_leases_only_due_work() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 10, false).await?;
+        s.seed_stock(A, SKU, 10, false, 1).await?;
         let r1 = reserve(&s, A, 1, NOW + 1_000).await?;
         let r2 = reserve(&s, A, 2, NOW + 2_000).await?;
         let r3 = reserve(&s, A, 3, NOW + 10_000).await?;
@@ -390,7 +390,7 @@ fn claim_due_leases_only_due_work() {
 fn racing_claimers_never_share_a_reservation() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 60, false).await?;
+        s.seed_stock(A, SKU, 60, false, 1).await?;
         let mut all = HashSet::new();
         for user in 1..=60 {
             all.insert(reserve(&s, A, user, NOW).await?.reservation_id);
@@ -427,7 +427,7 @@ fn racing_claimers_never_share_a_reservation() {
 fn reschedule_needs_the_lease_holder_and_message_id() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 10, false).await?;
+        s.seed_stock(A, SKU, 10, false, 1).await?;
         let r = reserve(&s, A, 1, NOW).await?;
         // Not leased yet: nothing to hand back.
         assert!(
@@ -485,7 +485,7 @@ fn reschedule_needs_the_lease_holder_and_message_id() {
 fn send_failure_then_release_gives_stock_back_once() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 5, false).await?;
+        s.seed_stock(A, SKU, 5, false, 1).await?;
         let req = request(A, SKU, 1);
         let ReserveOutcome::Reserved(r) = s.reserve(&req, NOW).await? else {
             bail!("expected Reserved");
@@ -551,7 +551,7 @@ fn send_failure_then_release_gives_stock_back_once() {
 fn concurrent_releases_give_stock_back_exactly_once() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 5, false).await?;
+        s.seed_stock(A, SKU, 5, false, 1).await?;
         let r = reserve(&s, A, 1, NOW).await?;
         let mut stores = Vec::new();
         for _ in 0..8 {
@@ -590,16 +590,25 @@ fn seed_stock_refuses_to_overwrite_without_force() {
         let s = store(&env);
         assert_eq!(s.stock(A, SKU).await?, None);
         assert_eq!(s.activities().await?, []);
-        assert_eq!(s.seed_stock(A, SKU, 10, false).await?, SeedOutcome::Seeded);
+        assert_eq!(
+            s.seed_stock(A, SKU, 10, false, 1).await?,
+            SeedOutcome::Seeded
+        );
         reserve(&s, A, 1, NOW).await?;
         assert_eq!(
-            s.seed_stock(A, SKU, 20, false).await?,
+            s.seed_stock(A, SKU, 20, false, 1).await?,
             SeedOutcome::AlreadySeeded { current: 9 }
         );
         assert_eq!(s.stock(A, SKU).await?, Some(9));
-        assert_eq!(s.seed_stock(A, SKU, 20, true).await?, SeedOutcome::Seeded);
+        assert_eq!(
+            s.seed_stock(A, SKU, 20, true, 1).await?,
+            SeedOutcome::Seeded
+        );
         assert_eq!(s.stock(A, SKU).await?, Some(20));
-        assert_eq!(s.seed_stock(B, SKU, 1, false).await?, SeedOutcome::Seeded);
+        assert_eq!(
+            s.seed_stock(B, SKU, 1, false, 1).await?,
+            SeedOutcome::Seeded
+        );
         assert_eq!(s.activities().await?, [A, B]);
         Ok(())
     });
@@ -609,7 +618,7 @@ fn seed_stock_refuses_to_overwrite_without_force() {
 fn pending_views_follow_the_zset() {
     run(Setup::EmptyDatabase, |env| async move {
         let s = store(&env);
-        s.seed_stock(A, SKU, 10, false).await?;
+        s.seed_stock(A, SKU, 10, false, 1).await?;
         assert_eq!(s.oldest_pending(A).await?, None);
         let late = reserve(&s, A, 1, NOW + 5_000).await?;
         let early = reserve(&s, A, 2, NOW + 1_000).await?;

@@ -100,6 +100,7 @@ fn inputs_ok() -> AlertInputs {
         order_tx_p99_ms: Some(12.5),
         expiring: Some(0),
         expiring_before: Some(0),
+        redis_state_lost: Some(vec![]),
     }
 }
 

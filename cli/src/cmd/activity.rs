@@ -1,12 +1,14 @@
-//! `seckillctl activity create|show`.
+//! `seckillctl activity create|show|restore`.
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use seckill_engine::{
-    ActivityId, ActivityView, Config, NewActivity, ReservationStore, SkuId, activity, db,
-    redis_conn,
+    ActivityId, ActivityView, ClientRuntime, Config, Names, NewActivity, ReservationStore,
+    RestoreReport, RestoreRequest, RocketAdmin, SkuId, TopicKind, activity, db, redis_conn,
+    redis_state, retry_topic,
 };
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ActivityCmd {
@@ -37,6 +39,51 @@ pub enum ActivityCmd {
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
+    /// After Redis lost an activity's state: wait for the order consumer's
+    /// backlog to drain, rebuild the stock and buyers from PostgreSQL, and
+    /// reopen the activity under a new epoch (audited in redis_epochs)
+    Restore {
+        #[arg(long)]
+        activity: ActivityId,
+        /// Why (kept with the new epoch)
+        #[arg(long)]
+        reason: String,
+        /// Who is restoring [default: $USER]
+        #[arg(long)]
+        operator: Option<String>,
+        /// How long to wait for the order consumer's backlog to drain
+        #[arg(long, value_parser = crate::parse::duration, default_value = "120s")]
+        wait: Duration,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+}
+
+impl Tabular for RestoreReport {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["SKU", "REDIS STOCK (FROM PG AVAILABLE)"]);
+        for (sku, stock) in &self.stock {
+            t.add_row([sku.to_string(), stock.to_string()]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        let found = self
+            .redis_epoch_found
+            .map_or("no epoch".to_owned(), |e| format!("epoch {e}"));
+        vec![
+            format!(
+                "activity {} restored: epoch {} -> {} (Redis had {found}); {} buyer(s), {} unpaid order(s) re-armed for their cancel",
+                self.activity_id, self.previous_epoch, self.epoch, self.buyers, self.live_orders
+            ),
+            format!(
+                "{} compensation task(s) settled by the restore; {} accepted reservation(s) were lost unsent (accepted {}, decided {}): their status answers LOST",
+                self.settled_compensations, self.lost_unsent, self.gap.accepted, self.gap.decided
+            ),
+            "reservations are admitted again; `seckillctl reconcile` checks the invariants".into(),
+        ]
+    }
 }
 
 impl Tabular for ActivityView {
@@ -72,10 +119,27 @@ impl Tabular for ActivityView {
     }
 }
 
-pub async fn run(cmd: ActivityCmd, cfg: &Config) -> Result<()> {
+pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
     let pool = db::connect(cfg).await?;
     let store = ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
     let (view, output) = match cmd {
+        ActivityCmd::Restore {
+            activity,
+            reason,
+            operator,
+            wait,
+            output,
+        } => {
+            let req = RestoreRequest {
+                activity,
+                operator: operator
+                    .or_else(|| std::env::var("USER").ok())
+                    .unwrap_or_else(|| "unknown".into()),
+                reason,
+            };
+            let report = restore(cfg, rt, &pool, &store, &req, wait).await?;
+            return render(&mut std::io::stdout().lock(), output, &report);
+        }
         ActivityCmd::Create {
             activity,
             sku,
@@ -100,4 +164,65 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config) -> Result<()> {
         }
     };
     render(&mut std::io::stdout().lock(), output, &view)
+}
+
+/// Checks first that there is something to restore, then waits until the
+/// order consumer has no message left (its topic and its retry topic,
+/// twice in a row: offsets are committed every few seconds), so every
+/// message already in flight is decided before PostgreSQL is read.
+async fn restore(
+    cfg: &Config,
+    rt: Arc<ClientRuntime>,
+    pool: &sqlx::PgPool,
+    store: &ReservationStore,
+    req: &RestoreRequest,
+    wait: Duration,
+) -> Result<RestoreReport> {
+    if req.reason.trim().is_empty() {
+        bail!(redis_state::RedisStateError::BlankReason);
+    }
+    match redis_state::survey_one(pool, store, req.activity).await? {
+        None => bail!(redis_state::RedisStateError::NotSeeded(req.activity)),
+        Some(s) if !s.state.refuses() => bail!(redis_state::RedisStateError::Intact {
+            activity: req.activity,
+            pg: s.pg_epoch,
+            redis: s.redis_epoch.unwrap_or_default(),
+        }),
+        Some(_) => {}
+    }
+    let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
+    let drained = wait_for_drain(&admin, cfg, wait).await;
+    admin.shutdown().await;
+    drained?;
+    Ok(redis_state::restore(pool, store, req).await?)
+}
+
+async fn wait_for_drain(admin: &RocketAdmin, cfg: &Config, wait: Duration) -> Result<()> {
+    let names = Names::new(cfg.topic_prefix.clone());
+    let group = names.group(TopicKind::OrderCreate);
+    let topics = [names.topic(TopicKind::OrderCreate), retry_topic(&group)];
+    let deadline = Instant::now() + wait;
+    let mut empty_in_a_row = 0;
+    loop {
+        let mut left = 0;
+        for topic in &topics {
+            // A retry topic appears only with the first retry.
+            match admin.lag(topic, &group).await {
+                Ok(lag) => left += lag.messages.max(0),
+                Err(_) if topic != &topics[0] => {}
+                Err(e) => return Err(e).context("reading the order consumer's lag"),
+            }
+        }
+        empty_in_a_row = if left == 0 { empty_in_a_row + 1 } else { 0 };
+        if empty_in_a_row >= 2 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the order consumer still has {left} message(s) to decide after {wait:?}; is an engine running (`seckillctl backlog`)? Restoring now could count their reservations twice; try again with a longer --wait"
+            );
+        }
+        eprintln!("waiting for the order consumer's backlog: {left} message(s) left");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }

@@ -973,6 +973,7 @@ mod tests {
         json(&ApiError {
             error: code.into(),
             reason: "for people".into(),
+            retryable: false,
         })
     }
 

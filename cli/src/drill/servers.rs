@@ -269,6 +269,7 @@ fn broker_toml(ports: Ports, store: &Path) -> String {
     format!(
         r#"[broker]
 namesrvAddr = "127.0.0.1:{namesrv}"
+shortPollingTimeMills = 100
 brokerIp1 = "127.0.0.1"
 listenPort = {port}
 storePathRootDir = "{store}"
@@ -286,6 +287,7 @@ haListenAddress = "{bind}"
 haListenPort = {ha}
 timerSourceBatchMessages = 4096
 timerDueBatchMessages = 4096
+timerPrecisionMs = 100
 "#,
         namesrv = ports.namesrv(),
         port = ports.broker(),

@@ -29,6 +29,9 @@ pub struct Queued {
 pub struct ApiError {
     pub error: String,
     pub reason: String,
+    /// The same request may succeed later, unchanged (every 503).
+    #[serde(default)]
+    pub retryable: bool,
 }
 
 /// `GET /v1/reservations/{id}`.

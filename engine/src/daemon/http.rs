@@ -59,6 +59,7 @@ fn reject(status: StatusCode, error: &str, reason: impl Into<String>) -> Respons
         Json(ApiError {
             error: error.to_owned(),
             reason: reason.into(),
+            retryable: status == StatusCode::SERVICE_UNAVAILABLE,
         }),
     )
         .into_response()
@@ -131,9 +132,9 @@ async fn reserve(
         Err(refusal) => {
             let status = match &refusal {
                 Refusal::UnknownActivity(_) | Refusal::UnknownSku { .. } => StatusCode::NOT_FOUND,
-                Refusal::DatabaseUnavailable(_) | Refusal::RedisUnavailable(_) => {
-                    StatusCode::SERVICE_UNAVAILABLE
-                }
+                Refusal::DatabaseUnavailable(_)
+                | Refusal::RedisUnavailable(_)
+                | Refusal::RedisStateLost(_) => StatusCode::SERVICE_UNAVAILABLE,
                 Refusal::BadActivityConfig(_) => StatusCode::INTERNAL_SERVER_ERROR,
                 Refusal::RequestIdConflict | Refusal::SoldOut | Refusal::DuplicateUser => {
                     StatusCode::CONFLICT

@@ -135,3 +135,59 @@ pub(super) async fn wait_for_queues(
     }
     consuming.store(true, Ordering::Release);
 }
+
+/// The Redis state watch (docs/architecture.md §4.5): once a second, every
+/// live activity's Redis epoch against PostgreSQL's. A lost or stale one is
+/// refused by the ingress until a restore, and said loudly once; the
+/// accepted tally is flushed on the same beat.
+pub(super) fn spawn_redis_watch(
+    pool: sqlx::PgPool,
+    store: ReservationStore,
+    ingress: crate::pipeline::ingress::Ingress,
+    instance: String,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    use crate::ops::redis_state;
+    tracker.spawn(async move {
+        let lost = ingress.lost_states();
+        let tally = ingress.tally();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            match redis_state::survey(&pool, &store).await {
+                Ok(rows) => {
+                    let now: std::collections::HashMap<_, _> = rows
+                        .iter()
+                        .filter(|r| r.state.refuses())
+                        .map(|r| (r.activity_id, r.explain()))
+                        .collect();
+                    let mut held = lost.write().unwrap_or_else(|e| e.into_inner());
+                    for (activity, why) in &now {
+                        if !held.contains_key(activity) {
+                            tracing::error!(activity = %activity, "{why}");
+                        }
+                    }
+                    for activity in held.keys() {
+                        if !now.contains_key(activity) {
+                            tracing::warn!(activity = %activity, "Redis state of the activity is back; reservations admitted again");
+                        }
+                    }
+                    *held = now;
+                }
+                // Unknown is not lost: Redis or PostgreSQL being down has
+                // its own refusals and alerts.
+                Err(e) => tracing::debug!(error = %e, "Redis state survey failed"),
+            }
+            let totals: Vec<_> = {
+                let t = tally.lock().unwrap_or_else(|e| e.into_inner());
+                t.iter().map(|(a, n)| (*a, *n)).collect()
+            };
+            if let Err(e) = redis_state::flush_tally(&pool, &instance, &totals).await {
+                tracing::debug!(error = %e, "could not flush the accepted tally");
+            }
+        }
+    });
+}

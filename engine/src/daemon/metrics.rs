@@ -680,6 +680,7 @@ mod tests {
                 }),
                 engine: None,
                 broker_uptime_s: None,
+                redis_lost: vec![],
                 errors: Vec::new(),
             },
             advice: calm_advice(),

@@ -208,6 +208,14 @@ async fn start(
         ready: ready.clone(),
         consuming,
     };
+    loops::spawn_redis_watch(
+        ctx.pool.clone(),
+        ctx.store.clone(),
+        state.ingress.clone(),
+        instance_id(),
+        &ctx.tracker,
+        ctx.cancel.clone(),
+    );
     start_governor(&ctx, &state, governor, consume).await?;
     Ok(Started {
         state,

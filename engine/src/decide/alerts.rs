@@ -86,6 +86,9 @@ pub struct AlertInputs {
     pub expiring: Option<u64>,
     /// The previous sample's `expiring`, to tell "growing" (critical).
     pub expiring_before: Option<u64>,
+    /// Live activities whose Redis state is lost or stale, as
+    /// "activity 1 (LOST)" (docs/architecture.md §4.5); `None` unread.
+    pub redis_state_lost: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -150,6 +153,8 @@ enum Judge {
     /// Any expiring reservation warns; more than in the previous sample is
     /// critical.
     Expiring,
+    /// Any at all is critical: the sale of that activity is stopped.
+    AnyCritical,
 }
 
 /// The unit a [`Judge::Above`] value and its thresholds are shown in.
@@ -172,7 +177,7 @@ struct Rule {
 }
 
 /// The alerts, in the order every surface lists them (the §11.2 table's).
-const RULES: [Rule; 8] = [
+const RULES: [Rule; 9] = [
     Rule {
         metric: "reservation_mq_pending_oldest_age_seconds",
         runbook: "runbooks/pending-oldest-age.md",
@@ -221,6 +226,12 @@ const RULES: [Rule; 8] = [
         read: |i| i.expiring.map(|n| n as f64),
         judge: Judge::Expiring,
     },
+    Rule {
+        metric: "redis_state_lost",
+        runbook: "runbooks/redis_state_lost.md",
+        read: |i| i.redis_state_lost.as_ref().map(|v| v.len() as f64),
+        judge: Judge::AnyCritical,
+    },
 ];
 
 impl Unit {
@@ -252,6 +263,7 @@ impl Judge {
                 "> 0 / growing (valid_until within {} s)",
                 c.expiry_horizon_s
             ),
+            Judge::AnyCritical => "- / > 0".to_owned(),
         }
     }
 
@@ -263,6 +275,10 @@ impl Judge {
                 _ => format!("{v} dead"),
             },
             Judge::Expiring => format!("{v}"),
+            Judge::AnyCritical => match &i.redis_state_lost {
+                Some(lost) if !lost.is_empty() => lost.join(", "),
+                _ => format!("{v}"),
+            },
         }
     }
 
@@ -279,6 +295,8 @@ impl Judge {
                 Some(before) if v > before as f64 => AlertState::Critical,
                 _ => AlertState::Warn,
             },
+            Judge::AnyCritical if v > 0.0 => AlertState::Critical,
+            Judge::AnyCritical => AlertState::Ok,
         }
     }
 }
@@ -312,7 +330,7 @@ mod tests {
     #[test]
     fn every_seed_alert_is_evaluated_and_unread_sources_are_no_data() {
         let a = evaluate(&AlertConfig::default(), &AlertInputs::default());
-        assert_eq!(a.len(), 8);
+        assert_eq!(a.len(), 9);
         assert!(a.iter().all(|a| a.state == AlertState::NoData));
         assert_eq!(worst(&a), AlertState::Ok);
         assert!(a.iter().all(|a| a.runbook.starts_with("runbooks/")));
@@ -334,8 +352,12 @@ mod tests {
                 order_tx_p99_ms: Some(1_200.0),
                 expiring: Some(5),
                 expiring_before: Some(5),
+                redis_state_lost: Some(vec!["activity 7 (LOST)".into()]),
             },
         );
+        assert_eq!(state(&a, "redis_state_lost"), AlertState::Critical);
+        let lost = a.iter().find(|a| a.metric == "redis_state_lost").unwrap();
+        assert_eq!(lost.shown, "activity 7 (LOST)");
         assert_eq!(
             state(&a, "reservation_mq_pending_oldest_age_seconds"),
             AlertState::Critical

@@ -7,5 +7,6 @@ pub mod admission;
 pub mod alerts;
 pub mod backlog;
 pub mod circuit;
+pub mod redis_state;
 pub mod scale;
 pub mod stall;

@@ -39,6 +39,13 @@ macro_rules! prefixed_id {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+
+            /// When the id was made: a ULID carries its millisecond
+            /// timestamp (checked by [`Self::parse`]).
+            pub fn created_at_ms(&self) -> Option<i64> {
+                let ulid = ulid::Ulid::from_string(self.0.strip_prefix($prefix)?).ok()?;
+                i64::try_from(ulid.timestamp_ms()).ok()
+            }
         }
 
         impl fmt::Display for $name {
@@ -157,6 +164,9 @@ mod tests {
         assert_eq!(MessageId::parse(id.as_str()).unwrap(), id);
         let json = serde_json::to_string(&id).unwrap();
         assert_eq!(serde_json::from_str::<MessageId>(&json).unwrap(), id);
+        let now = chrono::Utc::now().timestamp_millis();
+        let at = ReservationId::generate().created_at_ms().unwrap();
+        assert!((now - at).abs() < 5_000, "{now} vs {at}");
     }
 
     #[test]

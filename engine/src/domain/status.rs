@@ -114,10 +114,22 @@ pg_enum!(
 
 pg_enum!(
     /// ORPHANED: the Redis reservation was gone (TTL) when the release ran.
+    /// SETTLED_BY_RESTORE: Redis lost the activity's state, and the restore
+    /// rebuilt the stock from PostgreSQL, which already counts the unit
+    /// (docs/architecture.md §4.5).
     CompensationStatus = "compensation_status" {
         Pending => "PENDING",
         Released => "RELEASED",
         Orphaned => "ORPHANED",
+        SettledByRestore => "SETTLED_BY_RESTORE",
+    }
+);
+
+pg_enum!(
+    /// Why an activity's Redis state started a new epoch (docs/architecture.md §4.5).
+    RedisEpochKind = "redis_epoch_kind" {
+        Seed => "SEED",
+        Restore => "RESTORE",
     }
 );
 
@@ -243,6 +255,10 @@ pub fn all_pg_enums() -> Vec<(&'static str, Vec<&'static str>)> {
         (
             ReplayOutcome::PG_TYPE,
             labels(ReplayOutcome::ALL, ReplayOutcome::as_str),
+        ),
+        (
+            RedisEpochKind::PG_TYPE,
+            labels(RedisEpochKind::ALL, RedisEpochKind::as_str),
         ),
     ]
 }

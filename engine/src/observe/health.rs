@@ -155,10 +155,31 @@ async fn redis(cfg: &Config) -> ComponentHealth {
             return Err(ProbeError::BadPong(pong));
         }
         let version = redis_conn::server_version(&mut conn).await?;
-        Ok((version, HealthState::Up, None))
+        let persistence = redis_conn::persistence(&mut conn).await;
+        Ok(persistence_row(
+            version,
+            &persistence,
+            cfg.redis.expect_persistence,
+        ))
     })
     .await;
     row("redis", &endpoint, started, result)
+}
+
+/// The Redis row with its persistence mode, degraded only when the
+/// configuration expects persistence and Redis keeps nothing (pure).
+fn persistence_row(version: String, p: &redis_conn::Persistence, expected: bool) -> Probed {
+    let lacking = matches!(p, redis_conn::Persistence::None);
+    if expected && lacking {
+        return (
+            version,
+            HealthState::Degraded,
+            Some(format!(
+                "persistence: {p}, but [redis] expect_persistence is set; turn on AOF (`CONFIG SET appendonly yes`), or a restart loses every activity's state (runbooks/redis_state_lost.md)"
+            )),
+        );
+    }
+    (version, HealthState::Up, Some(format!("persistence: {p}")))
 }
 
 async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> {
@@ -321,6 +342,23 @@ pub async fn check(cfg: &Config, rt: Arc<ClientRuntime>) -> HealthReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_persistence_warns_only_where_it_is_expected() {
+        use redis_conn::Persistence;
+        let (_, state, detail) = persistence_row("7".into(), &Persistence::None, false);
+        assert_eq!(state, HealthState::Up);
+        assert!(detail.unwrap().contains("none"));
+        let (_, state, detail) = persistence_row("7".into(), &Persistence::None, true);
+        assert_eq!(state, HealthState::Degraded);
+        assert!(detail.unwrap().contains("appendonly"));
+        let aof = Persistence::Aof {
+            appendfsync: "everysec".into(),
+        };
+        let (_, state, detail) = persistence_row("7".into(), &aof, true);
+        assert_eq!(state, HealthState::Up);
+        assert_eq!(detail.unwrap(), "persistence: aof (appendfsync everysec)");
+    }
 
     #[test]
     fn an_open_circuit_degrades_the_engine_with_the_outage_in_words() {

@@ -144,6 +144,9 @@ pub enum Source {
     Engine,
     #[serde(rename = "broker uptime")]
     BrokerUptime,
+    /// The Redis epoch survey (docs/architecture.md §4.5): PostgreSQL and Redis.
+    #[serde(rename = "redis state")]
+    RedisState,
 }
 
 impl Source {
@@ -155,6 +158,7 @@ impl Source {
             Source::Dlq => "dlq",
             Source::Engine => "engine",
             Source::BrokerUptime => "broker uptime",
+            Source::RedisState => "redis state",
         }
     }
 }
@@ -178,6 +182,8 @@ pub enum SourceFailure {
     Redis(#[from] crate::reservation::ReservationError),
     #[error(transparent)]
     Mq(#[from] crate::mq::rocket::MqError),
+    #[error(transparent)]
+    RedisState(#[from] crate::ops::redis_state::RedisStateError),
     #[error("{group}: {source}")]
     Group {
         group: String,
@@ -216,6 +222,9 @@ pub struct Sample {
     /// The running engine's own figures (`/v1/stats`).
     pub engine: Option<StatsView>,
     pub broker_uptime_s: Option<f64>,
+    /// Live activities whose Redis state is lost or stale (docs/architecture.md §4.5).
+    #[serde(default)]
+    pub redis_lost: Vec<crate::ops::redis_state::ActivityRedis>,
     pub errors: Vec<SourceError>,
 }
 
@@ -344,7 +353,7 @@ impl Observer {
         let at_ms = now_ms();
         let horizon_ms = (self.cfg.alerts.expiry_horizon_s * 1000.0) as i64;
         let limit = self.cfg.admin_timeout();
-        let (groups, pending, pg, dlq, engine, uptime) = tokio::join!(
+        let (groups, pending, pg, dlq, engine, uptime, lost) = tokio::join!(
             bounded(
                 limit,
                 groups(
@@ -366,6 +375,7 @@ impl Observer {
                 )
             ),
             bounded(limit, broker_uptime(self.admin.as_ref(), self.uptime)),
+            bounded(limit, redis_lost(self.pool.as_ref(), self.store.as_ref())),
         );
         let e = &mut errors;
         let groups = take(e, Source::Rocketmq, groups).unwrap_or_default();
@@ -373,6 +383,7 @@ impl Observer {
         let pg = take(e, Source::Postgresql, pg);
         let dlq = take(e, Source::Dlq, dlq);
         let engine = take(e, Source::Engine, engine).flatten();
+        let redis_lost = take(e, Source::RedisState, lost).unwrap_or_default();
         let broker_uptime_s = take(e, Source::BrokerUptime, uptime).and_then(|(fresh, u)| {
             if fresh {
                 self.uptime = Some((std::time::Instant::now(), u));
@@ -387,6 +398,7 @@ impl Observer {
             dlq,
             engine,
             broker_uptime_s,
+            redis_lost,
             errors,
         }
     }
@@ -550,6 +562,15 @@ async fn pg_server(pool: Option<&PgPool>) -> Result<PgServerSample, SourceFailur
         .bind(CHURN_TABLES)
         .fetch_one(pool)
         .await?)
+}
+
+async fn redis_lost(
+    pool: Option<&PgPool>,
+    store: Option<&ReservationStore>,
+) -> Result<Vec<crate::ops::redis_state::ActivityRedis>, SourceFailure> {
+    let (pool, store) = (pool.ok_or(DOWN)?, store.ok_or(DOWN)?);
+    let rows = crate::ops::redis_state::survey(pool, store).await?;
+    Ok(rows.into_iter().filter(|r| r.state.refuses()).collect())
 }
 
 async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, SourceFailure> {

@@ -252,6 +252,12 @@ pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
         expiring_before: prev
             .filter(|p| p.error(Source::Rocketmq).is_none() && p.error(Source::Redis).is_none())
             .map(expiring),
+        redis_state_lost: cur.error(Source::RedisState).is_none().then(|| {
+            cur.redis_lost
+                .iter()
+                .map(|r| format!("activity {} ({})", r.activity_id, r.state.as_str()))
+                .collect()
+        }),
     }
 }
 
@@ -347,6 +353,7 @@ mod tests {
             dlq: None,
             engine: None,
             broker_uptime_s: None,
+            redis_lost: vec![],
             errors: vec![],
         }
     }

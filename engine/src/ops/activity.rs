@@ -95,8 +95,20 @@ pub async fn create(
     check_not_seeded(&mut tx, store, a).await?;
     check_no_orders(&mut tx, a).await?;
     write_pg(&mut tx, a).await?;
+    let epoch = crate::ops::redis_state::begin_epoch(
+        &mut tx,
+        a.activity,
+        crate::domain::status::RedisEpochKind::Seed,
+        "activity create",
+        "seeded",
+        serde_json::json!({ "sku_id": a.sku.0, "stock": a.stock }),
+    )
+    .await?;
     tx.commit().await?;
-    match store.seed_stock(a.activity, a.sku, a.stock, true).await? {
+    match store
+        .seed_stock(a.activity, a.sku, a.stock, true, epoch)
+        .await?
+    {
         SeedOutcome::Seeded | SeedOutcome::AlreadySeeded { .. } => {}
     }
     show(pool, store, a.activity).await

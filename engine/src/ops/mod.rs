@@ -4,4 +4,5 @@
 pub mod activity;
 pub mod facts;
 pub mod reconcile;
+pub mod redis_state;
 pub mod reservation_status;

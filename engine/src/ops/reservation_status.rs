@@ -32,10 +32,13 @@ pub enum ReservationStatus {
     RejectedExpired,
     /// The stock and the buyer slot were given back.
     Released,
+    /// Redis lost it before it was sent, with the rest of its activity's
+    /// state (docs/architecture.md §4.5): no order will be created; try again.
+    Lost,
 }
 
 impl ReservationStatus {
-    pub const ALL: [ReservationStatus; 9] = [
+    pub const ALL: [ReservationStatus; 10] = [
         ReservationStatus::Queued,
         ReservationStatus::SendFailed,
         ReservationStatus::OrderCreated,
@@ -45,6 +48,7 @@ impl ReservationStatus {
         ReservationStatus::RejectedDuplicate,
         ReservationStatus::RejectedExpired,
         ReservationStatus::Released,
+        ReservationStatus::Lost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -58,6 +62,7 @@ impl ReservationStatus {
             ReservationStatus::RejectedDuplicate => "REJECTED_DUPLICATE",
             ReservationStatus::RejectedExpired => "REJECTED_EXPIRED",
             ReservationStatus::Released => "RELEASED",
+            ReservationStatus::Lost => "LOST",
         }
     }
 }
@@ -113,7 +118,10 @@ pub enum ReservationStatusError {
     Db(#[from] sqlx::Error),
 }
 
-/// The reservation's status, or `None` if no store knows it.
+/// The reservation's status, or `None` if no store knows it. One that
+/// neither store knows but that was made before a restore of its
+/// activity's Redis state is `LOST`: a definite answer, where "unknown"
+/// would leave the client waiting for an order that will never come.
 pub async fn lookup(
     pool: &PgPool,
     store: &ReservationStore,
@@ -137,6 +145,9 @@ pub async fn lookup(
         if let Some(r) = store.get(activity, id).await? {
             return Ok(Some(queued_status(r.mq_status)));
         }
+    }
+    if crate::ops::redis_state::lost_before_restore(pool, id).await? {
+        return Ok(Some(ReservationStatus::Lost));
     }
     Ok(None)
 }

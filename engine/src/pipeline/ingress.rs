@@ -34,6 +34,10 @@ pub enum Refusal {
     UnknownSku { activity: ActivityId, sku: SkuId },
     #[error("{0}")]
     RedisUnavailable(#[from] ReservationError),
+    /// Redis lost the activity's state (docs/architecture.md §4.5): admitting
+    /// against what is left could oversell, so the sale waits for a restore.
+    #[error("{0}")]
+    RedisStateLost(String),
 }
 
 impl Refusal {
@@ -48,9 +52,28 @@ impl Refusal {
             Refusal::DuplicateUser => "DUPLICATE_USER",
             Refusal::UnknownSku { .. } => "UNKNOWN_SKU",
             Refusal::RedisUnavailable(_) => "REDIS_UNAVAILABLE",
+            Refusal::RedisStateLost(_) => "REDIS_STATE_LOST",
         }
     }
 }
+
+/// What the ingress knows of an activity from PostgreSQL: read once, kept.
+#[derive(Debug, Clone, Copy)]
+struct ActivityFacts {
+    valid_for_ms: i64,
+    /// It has a Redis epoch (docs/architecture.md §4.5): a missing epoch
+    /// key then means lost state, not an activity never seeded.
+    seeded: bool,
+}
+
+/// The activities whose Redis state the watcher found lost or stale, with
+/// the words for the client; shared by the watcher (writer) and the
+/// ingress (reader).
+pub type LostStates = Arc<std::sync::RwLock<HashMap<ActivityId, String>>>;
+
+/// Reservations this process accepted, per activity, since it started
+/// (flushed to `ingress_tallies`, docs/architecture.md §4.5).
+pub type Tally = Arc<std::sync::Mutex<HashMap<ActivityId, i64>>>;
 
 /// A request the HTTP layer has already parsed and validated.
 #[derive(Debug, Clone)]
@@ -67,8 +90,10 @@ pub struct Ingress {
     pool: PgPool,
     publisher: Publisher,
     /// Activity validity windows, read from PostgreSQL once per activity.
-    activities: Arc<RwLock<HashMap<ActivityId, i64>>>,
+    activities: Arc<RwLock<HashMap<ActivityId, ActivityFacts>>>,
     first_retry_after_ms: i64,
+    lost: LostStates,
+    tally: Tally,
 }
 
 impl Ingress {
@@ -84,17 +109,42 @@ impl Ingress {
             publisher,
             activities: Default::default(),
             first_retry_after_ms,
+            lost: Default::default(),
+            tally: Default::default(),
         }
+    }
+
+    /// The map the Redis state watcher fills.
+    pub fn lost_states(&self) -> LostStates {
+        self.lost.clone()
+    }
+
+    pub fn tally(&self) -> Tally {
+        self.tally.clone()
+    }
+
+    fn refused_for_lost_state(&self, activity: ActivityId) -> Option<Refusal> {
+        let lost = self.lost.read().unwrap_or_else(|e| e.into_inner());
+        lost.get(&activity).cloned().map(Refusal::RedisStateLost)
+    }
+
+    fn count_accepted(&self, activity: ActivityId) {
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        *tally.entry(activity).or_default() += 1;
     }
 
     /// Reserves one unit, or says why not. A new reservation is offered to
     /// the publisher; if its queue is full the scanner sends it, so nothing
     /// is lost (§6). The same `request_id` returns the same reservation.
     pub async fn reserve(&self, call: ReserveCall) -> Result<Reservation, Refusal> {
-        let valid_for = self
-            .valid_for_ms(call.activity)
+        let facts = self
+            .facts(call.activity, false)
             .await?
             .ok_or(Refusal::UnknownActivity(call.activity))?;
+        if let Some(refusal) = self.refused_for_lost_state(call.activity) {
+            return Err(refusal);
+        }
+        let valid_for = facts.valid_for_ms;
         let now = chrono::Utc::now().timestamp_millis();
         let valid_until_ms = now
             .checked_add(valid_for)
@@ -118,6 +168,7 @@ impl Ingress {
             .await?
         {
             ReserveOutcome::Reserved(r) => {
+                self.count_accepted(call.activity);
                 self.publisher
                     .offer(order_message(&r, TraceContext::generate()));
                 Ok(r)
@@ -135,21 +186,50 @@ impl Ingress {
                 activity: call.activity,
                 sku: call.sku,
             }),
+            ReserveOutcome::NoEpoch => Err(self.no_epoch(call.activity, call.sku).await?),
         }
     }
 
-    async fn valid_for_ms(&self, activity: ActivityId) -> Result<Option<i64>, sqlx::Error> {
-        if let Some(v) = self.activities.read().await.get(&activity) {
+    /// The epoch key is gone. PostgreSQL says whether the activity was
+    /// ever seeded: if so, Redis lost its state and the sale fails closed
+    /// until a restore; if not, the SKU was never seeded. A cached "not
+    /// seeded" is read again, since a seed may have come since.
+    async fn no_epoch(&self, activity: ActivityId, sku: SkuId) -> Result<Refusal, Refusal> {
+        let seeded = match self.facts(activity, false).await? {
+            Some(f) if f.seeded => true,
+            _ => self.facts(activity, true).await?.is_some_and(|f| f.seeded),
+        };
+        if seeded {
+            return Ok(Refusal::RedisStateLost(format!(
+                "Redis lost activity {a}'s state (its epoch key is gone), so no reservation can be admitted against it; retry later. On-call: `seckillctl activity restore --activity {a} --reason \"...\"` rebuilds it from PostgreSQL",
+                a = activity
+            )));
+        }
+        Ok(Refusal::UnknownSku { activity, sku })
+    }
+
+    async fn facts(
+        &self,
+        activity: ActivityId,
+        fresh: bool,
+    ) -> Result<Option<ActivityFacts>, sqlx::Error> {
+        if !fresh && let Some(v) = self.activities.read().await.get(&activity) {
             return Ok(Some(*v));
         }
-        let v: Option<i64> =
-            sqlx::query_scalar("SELECT valid_for_ms FROM activities WHERE activity_id = $1")
-                .bind(activity)
-                .fetch_optional(&self.pool)
-                .await?;
-        if let Some(v) = v {
-            self.activities.write().await.insert(activity, v);
+        let row: Option<(i64, bool)> = sqlx::query_as(
+            "SELECT valid_for_ms, EXISTS (SELECT 1 FROM redis_epochs e WHERE e.activity_id = a.activity_id)
+             FROM activities a WHERE activity_id = $1",
+        )
+        .bind(activity)
+        .fetch_optional(&self.pool)
+        .await?;
+        let facts = row.map(|(valid_for_ms, seeded)| ActivityFacts {
+            valid_for_ms,
+            seeded,
+        });
+        if let Some(f) = facts {
+            self.activities.write().await.insert(activity, f);
         }
-        Ok(v)
+        Ok(facts)
     }
 }

@@ -22,8 +22,10 @@
 //! also lists a `status` field, but it would only repeat `mq_status`, whose
 //! `RELEASED` says the stock is back.
 
+mod epoch;
 mod store;
 
+pub use epoch::{LiveOrder, RestoredState};
 pub use store::ReservationStore;
 
 use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
@@ -231,6 +233,9 @@ pub enum ReserveOutcome {
     /// This `request_id` was seen before: its reservation, as it is now.
     Existing(Reservation),
     NotSeeded,
+    /// The activity's epoch key is missing: never seeded, or Redis lost
+    /// its state (docs/architecture.md §4.5). PostgreSQL tells which.
+    NoEpoch,
     SoldOut,
     /// The user already holds a live reservation in this activity.
     DuplicateUser,
@@ -305,6 +310,13 @@ impl Keys {
 
     pub fn pending(&self) -> String {
         format!("{}:reservation:mq_pending", self.base)
+    }
+
+    /// The epoch of the activity's Redis state (docs/architecture.md §4.5):
+    /// written with the stock by every seed and restore, and checked by
+    /// every reservation. Gone means Redis lost the activity's state.
+    pub fn epoch(&self) -> String {
+        format!("{}:epoch", self.base)
     }
 }
 
@@ -408,6 +420,7 @@ mod tests {
         assert_eq!(k.stock(SkuId(42)), "seckill:{7}:stock:42");
         assert_eq!(k.buyers(), "seckill:{7}:buyers");
         assert_eq!(k.pending(), "seckill:{7}:reservation:mq_pending");
+        assert_eq!(k.epoch(), "seckill:{7}:epoch");
         assert_eq!(k.rsv(&rsv), format!("seckill:{{7}}:rsv:{rsv}"));
         assert_eq!(k.req(&req), format!("seckill:{{7}}:req:{req}"));
         assert_eq!(activities_key("t1"), "t1:activities");

@@ -1,11 +1,16 @@
 -- reserve (docs/architecture.md §4). One script, so the stock unit, the buyer mark, the
 -- hash, the request key and the pending entry appear together or not at all:
 -- a crash can never leave stock taken without a pending entry for the scanner.
--- KEYS: 1 req, 2 stock, 3 buyers, 4 rsv, 5 pending
+-- KEYS: 1 req, 2 stock, 3 buyers, 4 rsv, 5 pending, 6 epoch
 -- ARGV: 1 reservation_id, 2 message_id, 3 request_id, 4 order_id, 5 sku_id,
 --       6 user_id, 7 now_ms, 8 valid_until_ms, 9 first_retry_at_ms, 10 ttl_ms
 local existing = redis.call('GET', KEYS[1])
 if existing then return {'EXISTING', existing} end
+-- No epoch: never seeded, or Redis lost the activity's state (a restart
+-- without persistence, a failover that missed writes). Admitting against
+-- whatever stock is left would oversell; the caller asks PostgreSQL which
+-- (docs/architecture.md §4.5).
+if redis.call('EXISTS', KEYS[6]) == 0 then return {'NO_EPOCH'} end
 local stock = redis.call('GET', KEYS[2])
 if not stock then return {'NOT_SEEDED'} end
 if tonumber(stock) <= 0 then return {'SOLD_OUT'} end

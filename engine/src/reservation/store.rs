@@ -57,20 +57,25 @@ impl ReservationStore {
         Keys::new(&self.prefix, activity)
     }
 
-    fn conn(&self) -> ConnectionManager {
+    pub(super) fn conn(&self) -> ConnectionManager {
         self.conn.clone()
     }
 
-    /// Sets an activity's Redis stock and registers the activity for the
-    /// scanner. Without `force` an existing stock is left alone: re-seeding a
-    /// running sale would break conservation (docs/architecture.md §12). `SET NX GET`
-    /// needs Redis 7.
+    pub(super) fn activities_key(&self) -> String {
+        activities_key(&self.prefix)
+    }
+
+    /// Sets an activity's Redis stock and its `epoch` (docs/architecture.md
+    /// §4.5), and registers the activity for the scanner. Without `force` an
+    /// existing stock is left alone: re-seeding a running sale would break
+    /// conservation (docs/architecture.md §12). `SET NX GET` needs Redis 7.
     pub async fn seed_stock(
         &self,
         activity: ActivityId,
         sku: SkuId,
         stock: i64,
         force: bool,
+        epoch: i64,
     ) -> Result<SeedOutcome> {
         let key = self.keys(activity).stock(sku);
         let mut conn = self.conn();
@@ -89,6 +94,9 @@ impl ReservationStore {
                 current,
             })
         };
+        // The epoch after the stock: a reservation checks the epoch first, so
+        // the activity opens only once its stock is in place.
+        let () = conn.set(self.keys(activity).epoch(), epoch).await?;
         // Registered here, off the reserve hot path: an activity is reservable
         // only once seeded.
         let _: i64 = conn.sadd(activities_key(&self.prefix), activity.0).await?;
@@ -114,6 +122,7 @@ impl ReservationStore {
             .key(keys.buyers())
             .key(keys.rsv(&req.reservation_id))
             .key(keys.pending())
+            .key(keys.epoch())
             .arg(req.reservation_id.as_str())
             .arg(req.message_id.as_str())
             .arg(req.request_id.as_str())
@@ -158,6 +167,7 @@ impl ReservationStore {
                 }
             }
             ["NOT_SEEDED"] => Ok(ReserveOutcome::NotSeeded),
+            ["NO_EPOCH"] => Ok(ReserveOutcome::NoEpoch),
             ["SOLD_OUT"] => Ok(ReserveOutcome::SoldOut),
             ["DUPLICATE_USER"] => Ok(ReserveOutcome::DuplicateUser),
             ["ID_IN_USE"] => Err(ReservationError::IdInUse(req.reservation_id.clone())),

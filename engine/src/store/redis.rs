@@ -51,3 +51,96 @@ pub async fn server_version(conn: &mut ConnectionManager) -> Result<String, Redi
         .trim()
         .to_owned())
 }
+
+/// How the Redis in use keeps its data across a restart (docs/architecture.md
+/// §4.5): without persistence a restart loses every activity's state.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Persistence {
+    Aof {
+        appendfsync: String,
+    },
+    Rdb {
+        save: String,
+    },
+    None,
+    /// `CONFIG GET` is not allowed (a managed Redis, say).
+    Unknown,
+}
+
+impl std::fmt::Display for Persistence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Persistence::Aof { appendfsync } => write!(f, "aof (appendfsync {appendfsync})"),
+            Persistence::Rdb { save } => write!(f, "rdb snapshots only (save {save})"),
+            Persistence::None => f.write_str("none: a restart loses every key"),
+            Persistence::Unknown => f.write_str("unknown (CONFIG GET refused)"),
+        }
+    }
+}
+
+/// The mode from `CONFIG GET appendonly`, `appendfsync` and `save` (pure).
+pub fn persistence_mode(
+    appendonly: Option<&str>,
+    appendfsync: Option<&str>,
+    save: Option<&str>,
+) -> Persistence {
+    match (appendonly, save) {
+        (None, None) => Persistence::Unknown,
+        (Some("yes"), _) => Persistence::Aof {
+            appendfsync: appendfsync.unwrap_or("?").to_owned(),
+        },
+        (_, Some(s)) if !s.trim().is_empty() => Persistence::Rdb {
+            save: s.trim().to_owned(),
+        },
+        _ => Persistence::None,
+    }
+}
+
+/// Reads [`Persistence`]; a refused `CONFIG GET` is `Unknown`, not an error.
+pub async fn persistence(conn: &mut ConnectionManager) -> Persistence {
+    async fn get(conn: &mut ConnectionManager, key: &str) -> Option<String> {
+        let kv: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .ok()?;
+        kv.into_iter().nth(1)
+    }
+    let appendonly = get(conn, "appendonly").await;
+    let appendfsync = get(conn, "appendfsync").await;
+    let save = get(conn, "save").await;
+    persistence_mode(
+        appendonly.as_deref(),
+        appendfsync.as_deref(),
+        save.as_deref(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn persistence_reads_aof_first_then_snapshots() {
+        assert_eq!(
+            persistence_mode(Some("yes"), Some("everysec"), Some("")),
+            Persistence::Aof {
+                appendfsync: "everysec".into()
+            }
+        );
+        assert_eq!(
+            persistence_mode(Some("no"), Some("everysec"), Some("3600 1 300 100")),
+            Persistence::Rdb {
+                save: "3600 1 300 100".into()
+            }
+        );
+        assert_eq!(
+            persistence_mode(Some("no"), Some("everysec"), Some("")),
+            Persistence::None
+        );
+        assert_eq!(persistence_mode(None, None, None), Persistence::Unknown);
+        assert!(Persistence::None.to_string().contains("loses"));
+    }
+}
