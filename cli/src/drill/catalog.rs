@@ -20,6 +20,7 @@ pub enum DrillName {
     CancelEarlyLate,
     PgFailover,
     ScaleToSaturation,
+    RedisRestart,
 }
 
 /// One drill's description.
@@ -39,7 +40,7 @@ pub struct Spec {
 }
 
 impl DrillName {
-    pub const ALL: [DrillName; 13] = [
+    pub const ALL: [DrillName; 14] = [
         DrillName::EngineKill,
         DrillName::ConsumerKill,
         DrillName::BrokerRestart,
@@ -53,6 +54,7 @@ impl DrillName {
         DrillName::CancelEarlyLate,
         DrillName::PgFailover,
         DrillName::ScaleToSaturation,
+        DrillName::RedisRestart,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +72,7 @@ impl DrillName {
             DrillName::CancelEarlyLate => "cancel-early-late",
             DrillName::PgFailover => "pg-failover",
             DrillName::ScaleToSaturation => "scale-to-saturation",
+            DrillName::RedisRestart => "redis-restart",
         }
     }
 
@@ -200,6 +203,14 @@ impl DrillName {
                 quiet(20.0),
                 1,
             ),
+            DrillName::RedisRestart => (
+                None,
+                "the drill's own Redis (no persistence) restarts empty mid-burst",
+                "the engine fails closed (503 REDIS_STATE_LOST), `health` goes critical; `activity restore` rebuilds Redis from PostgreSQL and the sale finishes with every invariant holding",
+                false,
+                quiet(30.0),
+                1,
+            ),
         };
         Spec {
             name: self,
@@ -228,6 +239,7 @@ impl DrillName {
             DrillName::CancelEarlyLate => "playbooks/cancel-early-late.md",
             DrillName::PgFailover => "playbooks/pg-failover.md",
             DrillName::ScaleToSaturation => "playbooks/scale-to-saturation.md",
+            DrillName::RedisRestart => "playbooks/redis-restart.md",
         }
     }
 }

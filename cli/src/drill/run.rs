@@ -36,6 +36,9 @@ struct Injected {
     healed_wall: DateTime<Utc>,
     /// Reservations the drill expects never to be decided (the poison).
     dead: u64,
+    /// Accepted reservations Redis lost before they were sent (the restore
+    /// counts them): never decided, never in Redis again.
+    lost: u64,
     /// An engine was killed: its send counters died with it.
     engine_killed: bool,
     /// What the injection itself saw go wrong (see [`Figures::unmet`]).
@@ -61,6 +64,7 @@ impl Injected {
             healed: Instant::now(),
             healed_wall: Utc::now(),
             dead: 0,
+            lost: 0,
             engine_killed: false,
             notes,
             unmet: Vec::new(),
@@ -188,7 +192,9 @@ async fn drive(
         tally.failed.load(std::sync::atomic::Ordering::Relaxed)
     );
     let limit = Duration::from_secs_f64(name.spec().targets.recovery_s * 3.0 + 30.0);
-    let quiet = stage.wait_quiet(accepted, injected.dead, limit).await?;
+    let quiet = stage
+        .wait_quiet(accepted.saturating_sub(injected.lost), injected.dead, limit)
+        .await?;
     let recovery_s = quiet.map(|at| at.saturating_duration_since(injected.healed).as_secs_f64());
     let mut injected = injected;
     if name == DrillName::Poison {
@@ -396,6 +402,27 @@ async fn inject(
             }
             Ok(injected)
         }
+        DrillName::RedisRestart => {
+            crowd.until_sent(users * 3 / 10).await;
+            let (began, mut notes) = Injected::begin();
+            world.restart_redis().await?;
+            notes.push(format!(
+                "Redis restarted empty after {} requests",
+                crowd.sent()
+            ));
+            let mut unmet = Vec::new();
+            match critical_redis_alert(stage, Duration::from_secs(20)).await? {
+                Some(seen) => notes.push(seen),
+                None => unmet.push("health never went critical with redis_state_lost".to_owned()),
+            }
+            let (lost, said) = restore(stage).await?;
+            notes.push(said);
+            Ok(Injected {
+                lost,
+                unmet,
+                ..Injected::healed_now(began, notes)
+            })
+        }
         DrillName::EngineKillOneOfTwo => {
             crowd.until_sent(users * 2 / 5).await;
             let (began, mut notes) = Injected::begin();
@@ -407,6 +434,66 @@ async fn inject(
             Ok(Injected::killed(Injected::healed_now(began, notes)))
         }
     }
+}
+
+/// Polls `seckillctl health` until it exits critical with the
+/// `redis_state_lost` alert firing, and says how long that took.
+async fn critical_redis_alert(stage: &Stage, limit: Duration) -> Result<Option<String>> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let (code, out) = stage
+            .seckillctl(&["health", "--window", "1s", "-o", "json"])
+            .await?;
+        let health: serde_json::Value = serde_json::from_str(json_part(&out)).unwrap_or_default();
+        let firing = health["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["metric"] == "redis_state_lost" && a["state"] == "CRITICAL");
+        if let Some(a) = firing {
+            return Ok(Some(format!(
+                "health exit {code} after {:.1} s: redis_state_lost = {}",
+                started.elapsed().as_secs_f64(),
+                a["shown"].as_str().unwrap_or("?")
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// `seckillctl activity restore`, as on-call runs it; returns the
+/// reservations it found lost unsent, and what it said.
+async fn restore(stage: &Stage) -> Result<(u64, String)> {
+    let activity = stage.activity.to_string();
+    let started = Instant::now();
+    let (code, out) = stage
+        .seckillctl(&[
+            "activity",
+            "restore",
+            "--activity",
+            &activity,
+            "--reason",
+            "drill: Redis restarted empty",
+            "-o",
+            "json",
+        ])
+        .await?;
+    let report: serde_json::Value = serde_json::from_str(json_part(&out)).unwrap_or_default();
+    anyhow::ensure!(code == 0, "activity restore failed (exit {code}): {out}");
+    let lost = report["lost_unsent"].as_u64().unwrap_or(0);
+    Ok((
+        lost,
+        format!(
+            "restore took {:.1} s: epoch {} -> {}, stock {}, {} buyers, {} unpaid re-armed, {} compensations settled, {lost} lost unsent",
+            started.elapsed().as_secs_f64(),
+            report["previous_epoch"],
+            report["epoch"],
+            report["stock"],
+            report["buyers"],
+            report["live_orders"],
+            report["settled_compensations"],
+        ),
+    ))
 }
 
 /// A trigger in the drill's own database that refuses [`POISON_USER`]'s order.

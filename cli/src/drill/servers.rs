@@ -211,6 +211,14 @@ impl World {
         }
     }
 
+    /// Redis stopped and started again on its port: it keeps nothing on disk,
+    /// so it comes back empty (the redis-restart drill).
+    pub async fn restart_redis(&mut self) -> Result<(), ServerError> {
+        self.redis.stop(Duration::from_secs(5)).await;
+        self.redis = start_redis(&self.dir, &self.bins, self.ports).await?;
+        Ok(())
+    }
+
     /// kill -9 of the broker (the broker-restart drill). Its store stays on disk.
     pub async fn kill_broker(&mut self) {
         if let Some(mut b) = self.broker.take() {

@@ -302,8 +302,13 @@ impl Stage {
     ) -> Result<Option<Instant>> {
         let started = Instant::now();
         loop {
-            if self.quiet(accepted, dead).await? {
-                return Ok(Some(Instant::now()));
+            // A store that went away and came back (the redis-restart drill)
+            // fails the first command on the old connection; the next one
+            // reconnects.
+            match self.quiet(accepted, dead).await {
+                Ok(true) => return Ok(Some(Instant::now())),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "quiet check failed; trying again"),
             }
             if started.elapsed() > limit {
                 return Ok(None);
