@@ -67,7 +67,11 @@ redis_up() {
   command -v redis-server >/dev/null || apt_install redis-server
   log "starting redis"
   mkdir -p "$STATE_DIR/redis"
-  redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no \
+  # AOF, fsynced every second: a restart keeps the sale's state
+  # (docs/architecture.md §4.5); without it Redis comes back empty and every
+  # live activity must be restored from PostgreSQL.
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save "" \
+    --appendonly yes --appendfsync everysec \
     --dir "$STATE_DIR/redis" --logfile "$STATE_DIR/redis/redis.log" >&2
   mark_started redis
   wait_until 30 redis redis_ready || die "redis did not answer PING on $REDIS_PORT (see $STATE_DIR/redis/redis.log)"
