@@ -94,7 +94,7 @@ fn health_lists_every_seed_alert_with_a_runbook_that_exists_and_a_missing_engine
         .expect("engine row");
     assert_eq!(engine["state"], "DOWN");
     let alerts = json["alerts"].as_array().unwrap();
-    assert_eq!(alerts.len(), 8, "every docs/architecture.md §11.2 alert");
+    assert_eq!(alerts.len(), 9, "every docs/architecture.md §11.2 alert");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     for a in alerts {
         let runbook = a["runbook"].as_str().unwrap();
