@@ -216,3 +216,79 @@ fn a_restored_unpaid_order_still_gives_its_unit_back_when_canceled() {
         Ok(())
     });
 }
+
+/// A Redis of this test's own on a free loopback port, no persistence.
+struct PrivateRedis {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl PrivateRedis {
+    fn start(port: u16, dir: &std::path::Path) -> Result<Self> {
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        Ok(Self {
+            port,
+            dir: dir.to_owned(),
+            child,
+        })
+    }
+
+    async fn wait_ready(&self) -> Result<()> {
+        let addr = format!("127.0.0.1:{}", self.port);
+        eventually(Duration::from_secs(20), "the private Redis", || async {
+            Ok(tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ()))
+        })
+        .await
+    }
+
+    /// Stopped (this test's own child, by its pid) and started again, empty.
+    async fn restart(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        *self = Self::start(self.port, &self.dir.clone())?;
+        self.wait_ready().await
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_store_reads_through_a_redis_restart() {
+    run(Setup::Full, |env| async move {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = std::env::temp_dir().join(format!("seckill-redis-{}", env.token));
+        std::fs::create_dir_all(&dir)?;
+        let mut redis = PrivateRedis::start(port, &dir)?;
+        redis.wait_ready().await?;
+        let mut cfg = env.cfg.clone();
+        cfg.redis_url = format!("redis://127.0.0.1:{port}/").into();
+        let store = seckill_engine::ReservationStore::new(
+            seckill_engine::redis_conn::connect(&cfg).await?,
+            cfg.redis_prefix.clone(),
+        );
+        store.seed_stock(ACTIVITY, SKU, 5, false, 1).await?;
+        assert_eq!(store.stock(ACTIVITY, SKU).await?, Some(5));
+        redis.restart().await?;
+        // The first command on the old connection breaks; the read is tried
+        // again on a new one and answers: empty, as Redis came back.
+        assert_eq!(store.stock(ACTIVITY, SKU).await?, None);
+        assert_eq!(store.epoch(ACTIVITY).await?, None);
+        assert_eq!(store.pending_count(ACTIVITY).await?, 0);
+        drop(redis);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    });
+}

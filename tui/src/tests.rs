@@ -597,3 +597,19 @@ fn an_entry_without_a_message_id_is_shown_but_never_prechecked_or_replayed() {
     );
     assert!(screen(&s).contains("broker:7F0000010000"));
 }
+
+#[test]
+fn a_lost_redis_state_is_in_the_header_and_the_alerts_strip() {
+    let mut d = healthy();
+    d.alerts = alerts::evaluate(
+        &AlertConfig::default(),
+        &AlertInputs {
+            redis_state_lost: Some(vec!["activity 7 (LOST)".into()]),
+            ..inputs_ok()
+        },
+    );
+    let text = screen(&state_with(d));
+    let header: String = text.lines().take(3).collect();
+    assert!(header.contains("redis_state_lost"), "{text}");
+    assert!(text.contains("activity 7 (LOST)"), "{text}");
+}

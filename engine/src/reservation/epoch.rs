@@ -10,6 +10,7 @@
 //! reservation hash of every unpaid order, so that its cancel can still
 //! give its unit back exactly once.
 
+use super::store::{connection_broke, read_twice};
 use super::{MqStatus, ReservationError, ReservationStore, physical_ttl_ms};
 use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use redis::{AsyncCommands, Script};
@@ -45,7 +46,8 @@ pub struct RestoredState {
 impl ReservationStore {
     /// The activity's Redis epoch, `None` when the key is gone.
     pub async fn epoch(&self, activity: ActivityId) -> Result<Option<i64>, ReservationError> {
-        Ok(self.conn().get(self.keys(activity).epoch()).await?)
+        let key = self.keys(activity).epoch();
+        Ok(read_twice!(self, c => c.get(&key).await)?)
     }
 
     /// [`Self::epoch`] of several activities in one round trip, in order.
@@ -60,7 +62,7 @@ impl ReservationStore {
         for a in activities {
             pipe.get(self.keys(*a).epoch());
         }
-        Ok(pipe.query_async(&mut self.conn()).await?)
+        Ok(read_twice!(self, c => pipe.query_async(&mut c).await)?)
     }
 
     /// Writes `state` back. The reservation hashes and request keys first

@@ -25,6 +25,30 @@ static MARK_SEND_FAILED: LazyLock<Script> =
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 static PROJECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("project.lua")));
 
+/// A read, tried once more on a fresh connection when the first failed
+/// because the connection broke: a Redis that restarted or failed over
+/// fails the first command on the old connection ("broken pipe") and the
+/// manager reconnects behind it. Reads only: a write whose reply was lost
+/// may have been applied, and its caller decides (docs/architecture.md §4.5).
+macro_rules! read_twice {
+    ($self:ident, $conn:ident => $body:expr) => {{
+        let mut $conn = $self.conn();
+        match $body {
+            Err(e) if connection_broke(&e) => {
+                tracing::warn!(error = %e, "the Redis connection broke; reading again on a new one");
+                let mut $conn = $self.conn();
+                $body
+            }
+            r => r,
+        }
+    }};
+}
+pub(super) use read_twice;
+
+pub(super) fn connection_broke(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.is_io_error()
+}
+
 /// How long a projected order view lives: long past any pay window; it
 /// only bounds memory.
 const VIEW_TTL_MS: i64 = 7 * 24 * 60 * 60 * 1000;
@@ -104,7 +128,8 @@ impl ReservationStore {
     }
 
     pub async fn stock(&self, activity: ActivityId, sku: SkuId) -> Result<Option<i64>> {
-        Ok(self.conn().get(self.keys(activity).stock(sku)).await?)
+        let key = self.keys(activity).stock(sku);
+        Ok(read_twice!(self, c => c.get(&key).await)?)
     }
 
     /// The reserve script (docs/architecture.md §4). `first_retry_at_ms` is when the
@@ -181,7 +206,7 @@ impl ReservationStore {
         reservation_id: &ReservationId,
     ) -> Result<Option<Reservation>> {
         let key = self.keys(activity).rsv(reservation_id);
-        let hash: HashMap<String, String> = self.conn().hgetall(&key).await?;
+        let hash: HashMap<String, String> = read_twice!(self, c => c.hgetall(&key).await)?;
         if hash.is_empty() {
             return Ok(None);
         }
@@ -398,7 +423,7 @@ impl ReservationStore {
         reservation_id: &ReservationId,
     ) -> Result<Option<OrderView>> {
         let key = self.keys(activity).view(reservation_id);
-        let h: HashMap<String, String> = self.conn().hgetall(&key).await?;
+        let h: HashMap<String, String> = read_twice!(self, c => c.hgetall(&key).await)?;
         if h.is_empty() {
             return Ok(None);
         }
@@ -424,7 +449,8 @@ impl ReservationStore {
 
     /// Reservations waiting for the scanner, leased ones included.
     pub async fn pending_count(&self, activity: ActivityId) -> Result<u64> {
-        Ok(self.conn().zcard(self.keys(activity).pending()).await?)
+        let key = self.keys(activity).pending();
+        Ok(read_twice!(self, c => c.zcard(&key).await)?)
     }
 
     /// The pending reservation with the lowest score: the most overdue for a
@@ -456,7 +482,8 @@ impl ReservationStore {
         let keys = self.keys(activity);
         let pending = keys.pending();
         let stop = cap.saturating_sub(1) as isize;
-        let members: Vec<(String, f64)> = self.conn().zrange_withscores(&pending, 0, stop).await?;
+        let members: Vec<(String, f64)> =
+            read_twice!(self, c => c.zrange_withscores(&pending, 0, stop).await)?;
         if members.is_empty() || cap == 0 {
             return Ok(Vec::new());
         }
@@ -486,7 +513,7 @@ impl ReservationStore {
     /// Activities registered by [`Self::seed_stock`], in ascending order.
     pub async fn activities(&self) -> Result<Vec<ActivityId>> {
         let key = activities_key(&self.prefix);
-        let members: Vec<String> = self.conn().smembers(&key).await?;
+        let members: Vec<String> = read_twice!(self, c => c.smembers(&key).await)?;
         let mut ids = members
             .iter()
             .map(|m| m.parse().map_err(|e| corrupt(&key, format!("{e}"))))
@@ -499,6 +526,7 @@ impl ReservationStore {
     /// the buyers set. Redis conservation (docs/architecture.md §12) is
     /// `sum of stock + live_reservations = initial stock`, once quiet.
     pub async fn live_reservations(&self, activity: ActivityId) -> Result<u64> {
-        Ok(self.conn().scard(self.keys(activity).buyers()).await?)
+        let key = self.keys(activity).buyers();
+        Ok(read_twice!(self, c => c.scard(&key).await)?)
     }
 }
