@@ -81,6 +81,11 @@ pub async fn run(
             &read_redis(store, activity, &per_sku).await?,
             total_stock(&per_sku),
         ),
+        accepted_decided(
+            crate::ops::redis_state::gap(pool, activity).await?,
+            store.pending_count(activity).await?,
+            crate::ops::redis_state::restored_lost(pool, activity).await?,
+        ),
     ];
     Ok(Report {
         activity_id: activity,
@@ -282,9 +287,53 @@ fn redis_conservation(r: &RedisFigures, total: i64) -> Check {
     )
 }
 
+// ---------------------------------------------------------------------------
+// Every accepted reservation decided (§4.5): holds once the pipeline is quiet.
+// ---------------------------------------------------------------------------
+
+/// Accepted reservations (the engines' tallies) that are neither decided
+/// in PostgreSQL nor waiting in Redis are lost, unless a restore already
+/// counted them as lost unsent with Redis' state (their clients get LOST).
+/// The tallies can only under-count, so this never fails for a reservation
+/// that was not accepted (pure).
+fn accepted_decided(gap: crate::ops::redis_state::Gap, pending: u64, restored_lost: i64) -> Check {
+    let missing = gap.undecided() - pending as i64 - restored_lost;
+    check(
+        "accepted reservations decided (once quiet)",
+        format!(
+            "accepted {} (engines' tallies), decided {}, {pending} waiting to be sent, {restored_lost} lost unsent with Redis' state (restores)",
+            gap.accepted, gap.decided
+        ),
+        if missing > 0 {
+            vec![format!(
+                "{missing} accepted reservation(s) neither decided nor in Redis"
+            )]
+        } else {
+            Vec::new()
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accepted_reservations_must_be_decided_waiting_or_counted_lost() {
+        use crate::ops::redis_state::Gap;
+        let gap = |accepted, decided| Gap { accepted, decided };
+        assert_eq!(accepted_decided(gap(10, 10), 0, 0).verdict, Verdict::Pass);
+        assert_eq!(accepted_decided(gap(10, 8), 2, 0).verdict, Verdict::Pass);
+        assert_eq!(accepted_decided(gap(10, 7), 0, 3).verdict, Verdict::Pass);
+        // Decided without a tally (a killed engine's last second): not a gap.
+        assert_eq!(accepted_decided(gap(8, 10), 0, 0).verdict, Verdict::Pass);
+        let lost = accepted_decided(gap(10, 7), 1, 0);
+        assert_eq!(lost.verdict, Verdict::Fail);
+        assert!(
+            lost.counterexamples[0].starts_with("2 accepted"),
+            "{lost:?}"
+        );
+    }
 
     fn sku(id: i64, total: i64, available: i64, valid: i64) -> SkuStock {
         (SkuId(id), total, available, valid)
