@@ -113,6 +113,11 @@ pub struct OutboxConfig {
     pub lease_ms: u64,
     /// Delayed (timer) sends in flight at once; they cannot be batched.
     pub in_flight: usize,
+    /// A timer message is asked for this long before its `deliver_at`, and
+    /// its consumer holds it until then: the broker's timer delivers up to
+    /// ~1.4 s late and the consumer's pull adds ~1 s, so a message asked for
+    /// its deadline cancelled 2.5 s after it (docs/architecture.md §8.2).
+    pub timer_lead_ms: u64,
     pub backoff_base_ms: u64,
     pub backoff_max_ms: u64,
     /// While the order consumer is creating orders, the outbox holds back
@@ -310,6 +315,7 @@ impl Default for OutboxConfig {
             poll_ms: 100,
             lease_ms: 15_000,
             in_flight: 16,
+            timer_lead_ms: 1_500,
             backoff_base_ms: 500,
             backoff_max_ms: 30_000,
             yield_to_orders_ms: 5_000,

@@ -325,7 +325,9 @@ async fn start_lifecycle(
         ctx.cancel.clone(),
     );
     let (pool, store, names) = (&ctx.pool, &ctx.store, &ctx.names);
-    let cancel = CancelConsumer::new(pool.clone(), names.clone(), lifecycle.clone());
+    let lead = chrono::Duration::milliseconds(ctx.cfg.outbox.timer_lead_ms as i64);
+    let cancel = CancelConsumer::new(pool.clone(), names.clone(), lifecycle.clone())
+        .with_hold(outbox::max_hold(lead));
     let mut spec = ctx.small_spec(TopicKind::OrderTimeout);
     spec.threads = ctx.cfg.lifecycle.cancel_threads.max(1);
     ctx.consumer(parts, "cancel consumer", &spec, cancel)

@@ -213,6 +213,56 @@ pub async fn cancel_in(
     reason: &str,
     cause: &str,
 ) -> Result<CancelOutcome, sqlx::Error> {
+    let mut owed = StockOwed::default();
+    let out = cancel_owing(tx, names, id, mode, reason, cause, &mut owed).await?;
+    owed.give_back(tx).await?;
+    Ok(out)
+}
+
+/// Units a transaction has taken back from canceled orders (their ledger
+/// rows written) and not yet added to `inventory`, per (activity, SKU).
+///
+/// Every cancel of a sale's SKU updates the same inventory row, and the
+/// row stays locked until the transaction commits: a batch of cancels that
+/// updated it one by one would hold it for the whole batch and make every
+/// other cancel wait (docs/architecture.md §8.2). Adding the batch's units
+/// in one statement at its end holds it for one statement and the commit.
+#[derive(Debug, Default)]
+pub struct StockOwed(std::collections::BTreeMap<(ActivityId, SkuId), i64>);
+
+impl StockOwed {
+    /// Adds the units to `inventory` in `tx`, in key order (so two batches
+    /// lock the rows in the same order), and forgets them.
+    pub async fn give_back(
+        &mut self,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> Result<(), sqlx::Error> {
+        for ((activity, sku), n) in std::mem::take(&mut self.0) {
+            sqlx::query(
+                "UPDATE inventory SET available_stock = available_stock + $3, updated_at = now()
+                 WHERE activity_id = $1 AND sku_id = $2",
+            )
+            .bind(activity)
+            .bind(sku)
+            .bind(n)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// [`cancel_in`] with the inventory update left in `owed`: the caller
+/// runs [`StockOwed::give_back`] in the same transaction before it commits.
+pub async fn cancel_owing(
+    tx: &mut Transaction<'static, Postgres>,
+    names: &Names,
+    id: &OrderId,
+    mode: CancelMode,
+    reason: &str,
+    cause: &str,
+    owed: &mut StockOwed,
+) -> Result<CancelOutcome, sqlx::Error> {
     let Some(order) = cancel_if_unpaid(tx, id, mode, reason).await? else {
         return cancel_matched_nothing(tx, id).await;
     };
@@ -224,6 +274,7 @@ pub async fn cancel_in(
             "canceled an order whose stock was already returned or compensated; not returning it twice"
         );
     }
+    *owed.0.entry((order.activity_id, order.sku_id)).or_default() += stocked;
     insert_outbox(tx, &[order_event(&order).into_row(names)]).await?;
     Ok(CancelOutcome::Canceled {
         order: Box::new(order),
@@ -291,10 +342,11 @@ fn release_message(order: &OrderRow, reason: &str, release_id: MessageId) -> Rel
     }
 }
 
-/// Gives the canceled order's unit back, in one statement: the ledger row
-/// (+1), the unit in `inventory`, the `CANCELLATION` compensation task and
-/// its `RELEASE_RESERVATION` outbox row (docs/architecture.md §8.3). Returns
-/// how many stock rows and compensation tasks it wrote (1 and 1 normally).
+/// Takes the canceled order's unit back, in one statement: the ledger row
+/// (+1), the `CANCELLATION` compensation task and its `RELEASE_RESERVATION`
+/// outbox row (docs/architecture.md §8.3). Returns how many ledger rows and
+/// compensation tasks it wrote (1 and 1 normally); the caller adds the
+/// ledger's units to `inventory` ([`StockOwed`]) in the same transaction.
 ///
 /// The ledger's UNIQUE (reservation_id, reason) makes the stock step
 /// idempotent by construction; the status guard of [`cancel_if_unpaid`]
@@ -314,10 +366,6 @@ async fn return_stock(
              VALUES ($1, $2, $3, $4, 'ORDER_CANCELED', 1, $5)
              ON CONFLICT (reservation_id, reason) DO NOTHING
              RETURNING reservation_id
-         ), stock AS (
-             UPDATE inventory SET available_stock = available_stock + 1, updated_at = now()
-             WHERE activity_id = $3 AND sku_id = $4 AND EXISTS (SELECT 1 FROM ledger)
-             RETURNING activity_id
          ), comp AS (
              INSERT INTO compensation_tasks (reservation_id, activity_id, sku_id, user_id, source, reason)
              SELECT $1, $3, $4, $6, 'CANCELLATION', $7 FROM ledger
@@ -327,7 +375,7 @@ async fn return_stock(
              INSERT INTO event_outbox (message_id, topic, tag, message_key, payload)
              SELECT $8, $9, $10, $1, $11 FROM comp
          )
-         SELECT (SELECT count(*) FROM stock), (SELECT count(*) FROM comp)",
+         SELECT (SELECT count(*) FROM ledger), (SELECT count(*) FROM comp)",
     )
     .bind(&order.reservation_id)
     .bind(&order.order_id)

@@ -50,22 +50,39 @@ pub struct Claimed {
 /// cancel comes at most this late, and is never refused (§8.2).
 const TIMER_MARGIN: chrono::Duration = chrono::Duration::seconds(1);
 
+/// When the broker is asked to deliver a row due at `deliver_at` (pure):
+/// `lead` before it, so that its consumer has it in hand at `deliver_at`
+/// and holds it until then (docs/architecture.md §8.2). `None` sends it for
+/// immediate delivery: it is already due (a late publish must not push the
+/// cancel further out), or asking for less than [`TIMER_MARGIN`] out would
+/// be refused by the broker, and the consumer's hold covers the rest.
+pub fn timer_at(
+    deliver_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    lead: chrono::Duration,
+) -> Option<DateTime<Utc>> {
+    let ask = deliver_at? - lead;
+    (ask >= now + TIMER_MARGIN).then_some(ask)
+}
+
+/// The longest a consumer holds a timer message that came early: the lead
+/// and the margin of [`timer_at`], and a little for the broker's clock.
+pub fn max_hold(lead: chrono::Duration) -> chrono::Duration {
+    lead + TIMER_MARGIN + chrono::Duration::milliseconds(500)
+}
+
 impl Claimed {
-    /// The broker message. A `deliver_at` still in the future becomes a timer
-    /// message, at least [`TIMER_MARGIN`] out; one already past is sent for
-    /// immediate delivery (a late publish must not push the cancel further
-    /// out).
-    pub fn to_outgoing(&self, now: DateTime<Utc>) -> OutgoingMessage {
+    /// The broker message: a timer message for [`timer_at`], or one for
+    /// immediate delivery.
+    pub fn to_outgoing(&self, now: DateTime<Utc>, lead: chrono::Duration) -> OutgoingMessage {
         OutgoingMessage {
             topic: self.topic.clone(),
             tag: self.tag.clone(),
             keys: vec![self.message_key.clone()],
             properties: vec![(PROP_MESSAGE_ID.to_owned(), self.message_id.to_string())],
             body: serde_json::to_vec(&self.payload).unwrap_or_default(),
-            deliver_time_ms: self
-                .deliver_at
-                .filter(|at| *at > now)
-                .map(|at| at.max(now + TIMER_MARGIN).timestamp_millis() as u64),
+            deliver_time_ms: timer_at(self.deliver_at, now, lead)
+                .map(|at| at.timestamp_millis() as u64),
         }
     }
 }
@@ -256,9 +273,10 @@ fn spawn_sends<P: Producer>(
     for unit in plan_sends(rows, now) {
         let (producer, timeout) = (deps.producer.clone(), deps.send_timeout);
         let permits = permits.clone();
+        let lead = chrono::Duration::milliseconds(cfg.timer_lead_ms as i64);
         sends.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            let outcome = send_unit(&producer, &unit, now, timeout).await;
+            let outcome = send_unit(&producer, &unit, now, lead, timeout).await;
             (unit, outcome)
         });
     }
@@ -271,9 +289,10 @@ async fn send_unit<P: Producer>(
     producer: &P,
     unit: &[Claimed],
     now: DateTime<Utc>,
+    lead: chrono::Duration,
     timeout: Duration,
 ) -> SendOutcome {
-    let mut msgs: Vec<OutgoingMessage> = unit.iter().map(|r| r.to_outgoing(now)).collect();
+    let mut msgs: Vec<OutgoingMessage> = unit.iter().map(|r| r.to_outgoing(now, lead)).collect();
     if msgs.len() == 1 {
         producer.send(msgs.remove(0), timeout).await
     } else {
@@ -542,21 +561,32 @@ mod tests {
     }
 
     #[test]
-    fn a_future_deliver_at_becomes_a_timer_and_a_past_one_does_not() {
+    fn a_future_deliver_at_becomes_a_timer_asked_for_the_lead_before_it() {
         let now = Utc::now();
+        let lead = chrono::Duration::milliseconds(1_500);
         let at = now + chrono::Duration::minutes(15);
-        let m = row(1, "T", "CANCEL", Some(at)).to_outgoing(now);
-        assert_eq!(m.deliver_time_ms, Some(at.timestamp_millis() as u64));
-        assert_eq!(m.keys, vec!["k1".to_owned()]);
-        assert_eq!(m.properties[0].0, PROP_MESSAGE_ID);
-        let m = row(1, "T", "CANCEL", Some(now - chrono::Duration::seconds(5))).to_outgoing(now);
-        assert_eq!(m.deliver_time_ms, None);
-        // Due in 5 ms: it would be past when the broker reads it.
-        let soon = now + chrono::Duration::milliseconds(5);
-        let m = row(1, "T", "CANCEL", Some(soon)).to_outgoing(now);
+        let m = row(1, "T", "CANCEL", Some(at)).to_outgoing(now, lead);
         assert_eq!(
             m.deliver_time_ms,
-            Some((now + TIMER_MARGIN).timestamp_millis() as u64)
+            Some((at - lead).timestamp_millis() as u64)
         );
+        assert_eq!(m.keys, vec!["k1".to_owned()]);
+        assert_eq!(m.properties[0].0, PROP_MESSAGE_ID);
+        // Already due: at once.
+        let past = now - chrono::Duration::seconds(5);
+        assert_eq!(
+            row(1, "T", "CANCEL", Some(past))
+                .to_outgoing(now, lead)
+                .deliver_time_ms,
+            None
+        );
+        // Due within the lead and the margin: at once too (a timer that
+        // close would be refused); the consumer holds it.
+        let soon = now + chrono::Duration::milliseconds(2_400);
+        assert_eq!(timer_at(Some(soon), now, lead), None);
+        assert!(soon - now <= max_hold(lead));
+        let later = now + chrono::Duration::milliseconds(2_600);
+        assert_eq!(timer_at(Some(later), now, lead), Some(later - lead));
+        assert_eq!(timer_at(None, now, lead), None);
     }
 }

@@ -48,6 +48,10 @@ pub struct CancelConsumer {
     names: Names,
     group: String,
     stats: Arc<LifecycleStats>,
+    /// How long a message that came before its `deliver_at` is held for it
+    /// (the outbox asks the broker for it early, docs/architecture.md §8.2);
+    /// zero holds nothing.
+    hold_max: chrono::Duration,
 }
 
 impl CancelConsumer {
@@ -57,6 +61,27 @@ impl CancelConsumer {
             pool,
             names,
             stats,
+            hold_max: chrono::Duration::zero(),
+        }
+    }
+
+    /// Holds early messages up to `hold_max` for their `deliver_at`.
+    pub fn with_hold(mut self, hold_max: chrono::Duration) -> Self {
+        self.hold_max = hold_max;
+        self
+    }
+
+    /// Waits until the latest `deliver_at` of the batch if it is near
+    /// (within `hold_max`): the broker was asked for these messages early
+    /// so that they are in hand at their deadline. Further out, the message
+    /// is early for another reason (a broker timer firing early) and is
+    /// settled now, as NOT_YET_DUE with one re-arm. A little past the
+    /// deadline, so PostgreSQL's clock agrees it is due.
+    async fn hold_until_due(&self, due: impl Iterator<Item = DateTime<Utc>>) {
+        let Some(latest) = due.max() else { return };
+        let wait = latest - Utc::now() + chrono::Duration::milliseconds(20);
+        if wait > chrono::Duration::zero() && wait <= self.hold_max {
+            tokio::time::sleep(wait.to_std().unwrap_or_default()).await;
         }
     }
 
@@ -71,19 +96,60 @@ impl CancelConsumer {
         delivery_attempt: i32,
         replay_id: Option<&str>,
     ) -> Result<Settled, sqlx::Error> {
-        let id = msg.message_id.as_str();
+        let one = [(msg.clone(), delivery_attempt, replay_id.map(str::to_owned))];
+        let mut settled = self.process_batch(&one).await?;
+        Ok(settled.pop().expect("one message in, one verdict out"))
+    }
+
+    /// Settles a listener batch in one transaction: each message's inbox
+    /// claim, conditional cancel and outbox rows, then the units of every
+    /// canceled order added to `inventory` at once ([`order::StockOwed`]),
+    /// so the SKU's row is locked for one statement and the commit, not for
+    /// the batch. A sale's deadlines come in a burst, and one transaction
+    /// per message held that row for each commit in turn
+    /// (docs/architecture.md §8.2). All or nothing: a failure leaves no
+    /// message of the batch settled.
+    pub async fn process_batch(
+        &self,
+        batch: &[(CancelOrderIfUnpaid, i32, Option<String>)],
+    ) -> Result<Vec<Settled>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        if !inbox::claim(&mut tx, &self.group, id, delivery_attempt, replay_id).await? {
-            tx.rollback().await?;
+        let mut owed = order::StockOwed::default();
+        let mut out = Vec::with_capacity(batch.len());
+        for (msg, attempt, replay_id) in batch {
+            let s = self
+                .settle_in(&mut tx, msg, *attempt, replay_id.as_deref(), &mut owed)
+                .await?;
+            out.push(s);
+        }
+        owed.give_back(&mut tx).await?;
+        tx.commit().await?;
+        for s in &out {
+            self.count(s);
+        }
+        Ok(out)
+    }
+
+    async fn settle_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        msg: &CancelOrderIfUnpaid,
+        delivery_attempt: i32,
+        replay_id: Option<&str>,
+        owed: &mut order::StockOwed,
+    ) -> Result<Settled, sqlx::Error> {
+        let id = msg.message_id.as_str();
+        if !inbox::claim(tx, &self.group, id, delivery_attempt, replay_id).await? {
             return Ok(Settled::AlreadyProcessed);
         }
-        let out = order::cancel_in(
-            &mut tx,
+        let out = order::cancel_owing(
+            tx,
             &self.names,
             &msg.order_id,
             CancelMode::IfDue,
             PAY_TIMEOUT,
             id,
+            owed,
         )
         .await?;
         let settled = match out {
@@ -92,7 +158,7 @@ impl CancelConsumer {
                 order: Some(o),
             } if msg.retry_count < MAX_REARMS => {
                 let next = rearm(&self.names, msg, o.expires_at, o.tx_now);
-                order::insert_outbox(&mut tx, &[next]).await?;
+                order::insert_outbox(tx, &[next]).await?;
                 Settled::Rearmed {
                     deliver_at: o.expires_at,
                 }
@@ -105,9 +171,12 @@ impl CancelConsumer {
             Settled::Rearmed { .. } => REARMED,
             Settled::AlreadyProcessed => unreachable!("returned above"),
         };
-        inbox::finish(&mut tx, &self.group, id, InboxStatus::Succeeded, code).await?;
-        tx.commit().await?;
-        match &settled {
+        inbox::finish(tx, &self.group, id, InboxStatus::Succeeded, code).await?;
+        Ok(settled)
+    }
+
+    fn count(&self, settled: &Settled) {
+        match settled {
             Settled::Done(CancelOutcome::Canceled { .. }) => self.stats.canceled.add(1),
             Settled::Done(CancelOutcome::NoOp { reason, .. }) => {
                 self.stats.cancel_noop(*reason).add(1)
@@ -115,7 +184,6 @@ impl CancelConsumer {
             Settled::Rearmed { .. } => self.stats.cancel_noop(CancelNoop::NotYetDue).add(1),
             Settled::AlreadyProcessed => {}
         }
-        Ok(settled)
     }
 }
 
@@ -178,7 +246,38 @@ impl SettleEach for CancelConsumer {
 }
 
 impl Handler for CancelConsumer {
+    /// The whole batch in one transaction; if it fails, or a body is bad,
+    /// one message at a time, so that one bad message neither blocks the
+    /// others nor goes unrecorded (the inbox makes the retry of a settled
+    /// one a no-op).
     async fn handle(&self, batch: Vec<IncomingMessage>) -> ConsumeVerdict {
+        let parsed: Option<Vec<_>> = batch
+            .iter()
+            .map(|m| {
+                let msg = parse_cancel(&m.body).ok()?;
+                let replay = m.property(PROP_REPLAY_ID).map(str::to_owned);
+                Some((msg, m.reconsume_times.max(0), replay))
+            })
+            .collect();
+        match &parsed {
+            Some(items) => {
+                self.hold_until_due(items.iter().map(|i| i.0.deliver_at))
+                    .await
+            }
+            None => {
+                let due = batch.iter().filter_map(|m| parse_cancel(&m.body).ok());
+                self.hold_until_due(due.map(|m| m.deliver_at)).await
+            }
+        }
+        if let Some(items) = parsed.filter(|i| i.len() > 1) {
+            match self.process_batch(&items).await {
+                Ok(_) => return ConsumeVerdict::Ack,
+                Err(e) => tracing::warn!(
+                    group = %self.group, messages = items.len(), error = %e,
+                    "the batch's cancel transaction failed; settling its messages one by one"
+                ),
+            }
+        }
         handle_each(self, batch).await
     }
 }

@@ -9,7 +9,9 @@
 //!
 //! These topics carry far less than ORDER_CREATE, so each message is
 //! settled in its own transaction: simple, and a failure retries only its
-//! batch. Every consumer is idempotent on the business `message_id` (the
+//! batch. The cancel is the exception: a sale's deadlines come in a burst,
+//! so it settles a listener batch in one transaction and falls back to one
+//! message at a time (docs/architecture.md §8.2). Every consumer is idempotent on the business `message_id` (the
 //! inbox) or, for the projection, on `aggregate_version`.
 
 pub mod cancel;
