@@ -4,9 +4,10 @@
 //! on: 409 for a user who already holds an order, 202 for a new one, LOST
 //! for a reservation Redis lost before it was sent, and a clean reconcile.
 //!
-//! Here "Redis restarted empty" is this test's own keys deleted (its own
-//! prefix on the shared Redis); the `redis-restart` drill restarts a
-//! private Redis for real.
+//! The main test runs the sale on a Redis of its own and restarts it for
+//! real (it keeps nothing on disk, so it comes back empty), as the
+//! `redis-restart` drill does; the smaller one deletes its own keys on the
+//! shared Redis.
 
 use anyhow::{Result, ensure};
 use seckill_engine::{
@@ -20,7 +21,11 @@ const SKU: SkuId = SkuId(1);
 const STOCK: i64 = 10;
 
 fn engine_cfg(env: &TestEnv) -> Config {
-    let mut cfg = env.cfg.clone();
+    on(&env.cfg)
+}
+
+fn on(cfg: &Config) -> Config {
+    let mut cfg = cfg.clone();
     cfg.scanner.first_retry_after_ms = 500;
     cfg.scanner.interval_ms = 100;
     cfg
@@ -58,11 +63,44 @@ async fn lose_redis_state(env: &TestEnv) -> Result<()> {
     Ok(())
 }
 
+/// A Redis of this test's own, and the configuration and store that use it.
+async fn on_private_redis(
+    env: &TestEnv,
+) -> Result<(PrivateRedis, Config, seckill_engine::ReservationStore)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let dir = std::env::temp_dir().join(format!("seckill-redis-{}", env.token));
+    std::fs::create_dir_all(&dir)?;
+    let redis = PrivateRedis::start(port, &dir)?;
+    redis.wait_ready().await?;
+    let mut cfg = env.cfg.clone();
+    cfg.redis_url = format!("redis://127.0.0.1:{port}/").into();
+    let store = seckill_engine::ReservationStore::new(
+        seckill_engine::redis_conn::connect(&cfg).await?,
+        cfg.redis_prefix.clone(),
+    );
+    Ok((redis, cfg, store))
+}
+
 #[test]
 fn lost_redis_state_fails_closed_then_restore_resumes_the_sale() {
     run(Setup::Full, |env| async move {
-        env.seed_activity(ACTIVITY, SKU, STOCK, 300_000).await?;
-        let engine = Engine::start(&env, engine_cfg(&env)).await?;
+        let (mut redis, cfg, store) = on_private_redis(&env).await?;
+        seckill_engine::activity::create(
+            &env.pool,
+            &store,
+            &seckill_engine::NewActivity {
+                activity: ACTIVITY,
+                sku: SKU,
+                stock: STOCK,
+                valid_for_ms: 300_000,
+                pay_within_ms: 900_000,
+                force: false,
+            },
+        )
+        .await?;
+        let engine = Engine::start(&env, on(&cfg)).await?;
         for user in 1..=4 {
             let (code, body) = reserve(&engine, user).await?;
             ensure!(code == 202, "user {user}: {code} {body}");
@@ -75,9 +113,9 @@ fn lost_redis_state_fails_closed_then_restore_resumes_the_sale() {
         // as if the engine had reserved it and Redis died before the send.
         let now = chrono::Utc::now().timestamp_millis();
         let unsent = reserve_request(ACTIVITY, SKU, 5, now, 300_000);
-        env.store().reserve(&unsent, now + 600_000).await?;
+        store.reserve(&unsent, now + 600_000).await?;
 
-        lose_redis_state(&env).await?;
+        redis.restart().await?;
 
         // Fail closed, with a reason that names the fix.
         let (code, body) = reserve(&engine, 6).await?;
@@ -88,10 +126,10 @@ fn lost_redis_state_fails_closed_then_restore_resumes_the_sale() {
         assert!(reason.contains("seckillctl activity restore"), "{reason}");
 
         // The survey, the sample and the alert see it.
-        let lost = redis_state::survey(&env.pool, &env.store()).await?;
+        let lost = redis_state::survey(&env.pool, &store).await?;
         assert_eq!(lost.len(), 1, "{lost:?}");
         assert_eq!(lost[0].state, RedisState::Lost);
-        let mut observer = Observer::new(&env.cfg, env.rt.clone());
+        let mut observer = Observer::new(&cfg, env.rt.clone());
         let sample = observer.sample().await;
         observer.shutdown().await;
         assert_eq!(sample.redis_lost.len(), 1, "{:?}", sample.errors);
@@ -112,7 +150,7 @@ fn lost_redis_state_fails_closed_then_restore_resumes_the_sale() {
 
         let report = redis_state::restore(
             &env.pool,
-            &env.store(),
+            &store,
             &RestoreRequest {
                 activity: ACTIVITY,
                 operator: "test".into(),
@@ -126,7 +164,7 @@ fn lost_redis_state_fails_closed_then_restore_resumes_the_sale() {
         // A second restore finds nothing to do, and says so.
         let again = redis_state::restore(
             &env.pool,
-            &env.store(),
+            &store,
             &RestoreRequest {
                 activity: ACTIVITY,
                 operator: "test".into(),
@@ -159,7 +197,6 @@ fn lost_redis_state_fails_closed_then_restore_resumes_the_sale() {
         .await?;
         engine.stop().await?;
 
-        let store = env.store();
         assert_eq!(store.stock(ACTIVITY, SKU).await?, Some(STOCK - 5));
         let report = seckill_engine::reconcile::run(&env.pool, &store, ACTIVITY).await?;
         assert!(report.passed(), "{report:#?}");
@@ -226,17 +263,20 @@ struct PrivateRedis {
 
 impl PrivateRedis {
     fn start(port: u16, dir: &std::path::Path) -> Result<Self> {
-        let child = std::process::Command::new("redis-server")
+        Ok(Self {
+            port,
+            dir: dir.to_owned(),
+            child: Self::spawn(port, dir)?,
+        })
+    }
+
+    fn spawn(port: u16, dir: &std::path::Path) -> Result<std::process::Child> {
+        Ok(std::process::Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--dir"])
             .arg(dir)
             .stdout(std::process::Stdio::null())
-            .spawn()?;
-        Ok(Self {
-            port,
-            dir: dir.to_owned(),
-            child,
-        })
+            .spawn()?)
     }
 
     async fn wait_ready(&self) -> Result<()> {
@@ -251,7 +291,7 @@ impl PrivateRedis {
     async fn restart(&mut self) -> Result<()> {
         self.child.kill()?;
         self.child.wait()?;
-        *self = Self::start(self.port, &self.dir.clone())?;
+        self.child = Self::spawn(self.port, &self.dir)?;
         self.wait_ready().await
     }
 }
@@ -260,6 +300,7 @@ impl Drop for PrivateRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -288,7 +329,6 @@ fn the_store_reads_through_a_redis_restart() {
         assert_eq!(store.epoch(ACTIVITY).await?, None);
         assert_eq!(store.pending_count(ACTIVITY).await?, 0);
         drop(redis);
-        let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     });
 }
