@@ -97,14 +97,16 @@ pub use pipeline::order::{self, CancelMode, CancelOutcome, OrderRow, PayOutcome}
 pub use pipeline::{outbox, publish};
 
 // Operations.
+pub use dlq::entry::{self as dlq_entry, EntryMove, EntryRefusal, MoveFacts};
 pub use dlq::key::{DlqEntryKey, NotReplayable};
 pub use dlq::replay::{
     self, BulkReport, BulkRequest, Check as ReplayCheck, Level as CheckLevel, ReplayError,
-    ReplayReport, ReplayRequest, Verdict,
+    ReplayReport, ReplayRequest, Skipped, Verdict,
 };
 pub use dlq::tickets::{
     self, ApplyError, DlqEntry, EntryDetail, Ticket, TicketAction, TicketError,
 };
+pub use dlq::verifier::{self, VerifyReport};
 pub use dlq::{mirror_once, webhook};
 pub use observe::health::{self, ComponentHealth, HealthReport, HealthState};
 pub use observe::view::{self, BacklogRow, PendingRow, PgView, PoolRow, ServerRow};

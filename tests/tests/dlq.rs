@@ -198,6 +198,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             dry_run,
             force,
             verify_within: Duration::from_secs(60),
+            include_replayed: false,
         };
         let audits = || async {
             Ok::<i64, anyhow::Error>(
@@ -307,7 +308,8 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
                 .iter()
                 .any(|c| c.check == Check::Inbox && c.level == Level::Block)
         );
-        // Forced: sent, and the inbox makes it a no-op.
+        // Forced past the checks: a VERIFIED entry is done, and says so
+        // (dlq::entry); nothing is sent.
         let forced = replay(
             &env.pool,
             &env.names,
@@ -321,9 +323,9 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         .await?;
         assert_eq!(
             (forced.decision, forced.outcome),
-            (ReplayDecision::Sent, ReplayOutcome::Verified)
+            (ReplayDecision::Blocked, ReplayOutcome::NotSent)
         );
-        assert_eq!(forced.replay_count, 2);
+        assert!(forced.detail.contains("already verified"), "{forced:#?}");
         one_effect().await?;
         let outcomes: Vec<(String, String)> = sqlx::query_as(
             "SELECT decision::text, outcome::text FROM replay_audit ORDER BY created_at",
@@ -340,7 +342,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
                 ("DRY_RUN", "NOT_SENT"),
                 ("SENT", "VERIFIED"),
                 ("BLOCKED", "NOT_SENT"),
-                ("SENT", "VERIFIED")
+                ("BLOCKED", "NOT_SENT")
             ]
         );
         consumer.shutdown().await;
@@ -352,8 +354,8 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             .expect("ticket");
         assert_eq!(
             (t.status, t.messages, t.dead),
-            (TicketStatus::Open, 1, 0),
-            "one message, replayed and verified"
+            (TicketStatus::Verified, 1, 0),
+            "one message, replayed and verified: the ticket follows it"
         );
         let t = tickets::apply(
             &env.pool,
@@ -365,15 +367,14 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         .await?;
         assert_eq!(
             (t.status, t.owner.as_deref()),
-            (TicketStatus::Acked, Some("alice"))
+            (TicketStatus::Verified, Some("alice"))
         );
-        let t = tickets::apply(&env.pool, &ticket, &TicketAction::Resolve).await?;
-        assert_eq!(t.status, TicketStatus::Fixed);
         let empty = tickets::apply(
             &env.pool,
             &ticket,
             &TicketAction::Close {
                 resolution: " ".into(),
+                force: false,
             },
         )
         .await;
@@ -386,6 +387,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             &ticket,
             &TicketAction::Close {
                 resolution: "inventory row added".into(),
+                force: false,
             },
         )
         .await?;
@@ -447,6 +449,7 @@ fn replaying_an_expired_reservation_warns_then_rejects_and_compensates_once() {
             dry_run: false,
             force: vec![],
             verify_within: Duration::from_secs(60),
+            include_replayed: false,
         };
         let r = replay(&env.pool, &env.names, &producer, &req).await?;
         consumer.shutdown().await;
@@ -593,6 +596,7 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             rate_per_s: 20.0,
             canary: 2,
             verify_within: Duration::from_secs(60),
+            include_replayed: false,
         };
         let r = replay_ticket(&env.pool, &env.names, &producer, &req(&bulk)).await?;
         assert_eq!((r.snapshot, r.halted.clone()), (30, None), "{r:#?}");
@@ -637,6 +641,13 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
         assert_eq!(
             (again.snapshot, again.skipped.len(), again.entries.len()),
             (0, 30, 0)
+        );
+        assert!(
+            again
+                .skipped
+                .iter()
+                .all(|k| k.done && k.reason.contains("already verified")),
+            "{again:#?}"
         );
         assert_eq!(n("SELECT count(*) FROM replay_audit").await?, 30);
 
@@ -816,6 +827,7 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
                 dry_run: true,
                 force: vec![],
                 verify_within: Duration::from_secs(1),
+                include_replayed: false,
             },
         )
         .await?;
@@ -826,6 +838,246 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
                 .collect()
         };
         assert_eq!(strip(&report.checks), strip(&checks));
+        Ok(())
+    });
+}
+
+/// The activity, its stock and a trigger that refuses `user`'s order: a
+/// poison only PostgreSQL can cure (dropping the trigger is the fix).
+async fn poisoned(
+    env: &seckill_tests::TestEnv,
+    activity: ActivityId,
+    sku: SkuId,
+    user: i64,
+) -> anyhow::Result<()> {
+    sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+        .bind(activity)
+        .execute(&env.pool)
+        .await?;
+    sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 5, 5)")
+        .bind(activity)
+        .bind(sku)
+        .execute(&env.pool)
+        .await?;
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.user_id = {user} THEN RAISE EXCEPTION 'poison: user % refused', NEW.user_id; END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER poison BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION poison();"
+    ))
+    .execute(&env.pool)
+    .await?;
+    Ok(())
+}
+
+/// Mirrors until the entry is in `status`.
+async fn entry_becomes(
+    env: &seckill_tests::TestEnv,
+    group: &str,
+    id: &MessageId,
+    status: DlqEntryStatus,
+) -> anyhow::Result<seckill_engine::DlqEntry> {
+    eventually(
+        Duration::from_secs(120),
+        &format!("entry {id} {status}"),
+        || async {
+            mirror_once(&env.admin, &env.pool, &env.names).await?;
+            let entries = tickets::list_entries(&env.pool, Some(group), None, None).await?;
+            Ok(entries
+                .into_iter()
+                .find(|e| e.message_id == DlqEntryKey::Message(id.clone()) && e.status == status))
+        },
+    )
+    .await
+}
+
+#[test]
+fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_and_the_ticket() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(17), SkuId(3));
+        poisoned(&env, activity, sku, 1).await?;
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        env.admin.ensure_group(&group, 1).await?;
+        let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
+        spec.max_reconsume_times = 1;
+        let consumer = order_consumer(&env, spec).await?;
+        let producer = producer(&env).await?;
+        let m = order_msg(activity, sku);
+        let id = m.message_id.clone();
+        let sent = producer
+            .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+            .await;
+        ensure!(sent.is_confirmed(), "{sent:?}");
+        let dead = entry_becomes(&env, &group, &id, DlqEntryStatus::Dead).await?;
+        let ticket = dead.ticket_id.clone().expect("ticketed");
+
+        // Before the fix: the replayed copy fails, is not verified in time
+        // (REPLAYED), then dies again and is DEAD again, its count kept.
+        let req = |reason: &str, within: u64, include_replayed: bool| ReplayRequest {
+            message_id: id.clone(),
+            group: None,
+            reason: reason.into(),
+            operator: "test".into(),
+            dry_run: false,
+            force: vec![],
+            verify_within: Duration::from_secs(within),
+            include_replayed,
+        };
+        let early = replay(&env.pool, &env.names, &producer, &req("try it", 3, false)).await?;
+        assert_eq!(
+            (early.decision, early.outcome),
+            (ReplayDecision::Sent, ReplayOutcome::VerifyFailed),
+            "{early:#?}"
+        );
+        let again = entry_becomes(&env, &group, &id, DlqEntryStatus::Dead).await?;
+        assert_eq!(again.replay_count, 1, "the count survives the second death");
+        let t = tickets::get_ticket(&env.pool, &ticket)
+            .await?
+            .expect("ticket");
+        assert_ne!(t.status, TicketStatus::Verified);
+
+        // A ticket with a dead entry closes only with --force.
+        let close = |force| TicketAction::Close {
+            resolution: "done".into(),
+            force,
+        };
+        assert!(matches!(
+            tickets::apply(&env.pool, &ticket, &close(false)).await,
+            Err(ApplyError::Ticket(TicketError::Unsettled {
+                unsettled: 1,
+                ..
+            }))
+        ));
+
+        // The fix, then a ticket replay: verified, and the ticket with it.
+        sqlx::raw_sql("DROP TRIGGER poison ON orders")
+            .execute(&env.pool)
+            .await?;
+        let bulk = replay_ticket(
+            &env.pool,
+            &env.names,
+            &producer,
+            &BulkRequest {
+                ticket: ticket.clone(),
+                reason: "trigger dropped".into(),
+                operator: "test".into(),
+                dry_run: false,
+                force: vec![],
+                rate_per_s: 10.0,
+                canary: 1,
+                verify_within: Duration::from_secs(60),
+                include_replayed: false,
+            },
+        )
+        .await?;
+        assert_eq!(bulk.entries.len(), 1, "{bulk:#?}");
+        assert_eq!(bulk.entries[0].outcome, ReplayOutcome::Verified);
+        let t = tickets::get_ticket(&env.pool, &ticket)
+            .await?
+            .expect("ticket");
+        assert_eq!((t.status, t.dead), (TicketStatus::Verified, 0));
+        let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+            .fetch_one(&env.pool)
+            .await?;
+        assert_eq!(orders, 1);
+
+        // A second replay is refused, with its reason.
+        let second = replay(&env.pool, &env.names, &producer, &req("again", 3, true)).await?;
+        assert_eq!(second.decision, ReplayDecision::Blocked);
+        assert!(second.detail.contains("already verified"), "{second:#?}");
+        let t = tickets::apply(&env.pool, &ticket, &close(false)).await?;
+        assert_eq!(t.status, TicketStatus::Closed);
+        consumer.shutdown().await;
+        producer.shutdown().await;
+        Ok(())
+    });
+}
+
+#[test]
+fn the_verifier_verifies_an_entry_whoever_applied_it_and_reopens_a_verified_ticket() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(18), SkuId(4));
+        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+            .bind(activity)
+            .execute(&env.pool)
+            .await?;
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 50, 50)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        let (ticket, msgs) =
+            dead_entries(&env, FailureClass::DbPoolExhausted, activity, sku, 2).await?;
+        let verify = || seckill_engine::verifier::verify_once(&env.pool, &env.names);
+        let none = verify().await?;
+        assert!(none.verified.is_empty(), "nothing applied yet: {none:?}");
+
+        // The same message_id applied outside any replay (the broker's
+        // redelivery, the scanner's re-send): the verifier sees the effect.
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        let consumer =
+            order_consumer(&env, ConsumerSpec::new(group.clone(), topic.clone())).await?;
+        let producer = producer(&env).await?;
+        for m in &msgs {
+            let sent = producer
+                .send(to_outgoing(m, &topic), Duration::from_secs(3))
+                .await;
+            ensure!(sent.is_confirmed(), "{sent:?}");
+        }
+        let report = eventually(Duration::from_secs(60), "both verified", || async {
+            let _ = verify().await?;
+            let t = tickets::get_ticket(&env.pool, &ticket)
+                .await?
+                .expect("ticket");
+            Ok((t.status == TicketStatus::Verified).then_some(t))
+        })
+        .await?;
+        assert_eq!((report.messages, report.dead), (2, 0));
+        let entries = tickets::list_entries(&env.pool, None, Some(&ticket), None).await?;
+        assert!(
+            entries
+                .iter()
+                .all(|e| e.status == DlqEntryStatus::Verified && e.verified_at.is_some())
+        );
+
+        // A new entry of its class reopens it, owner kept.
+        tickets::apply(
+            &env.pool,
+            &ticket,
+            &TicketAction::Assign {
+                owner: "bob".into(),
+            },
+        )
+        .await?;
+        let m = order_msg(activity, sku);
+        sqlx::query(
+            "INSERT INTO dlq_messages (consumer_group, message_id, ticket_id, original_topic, broker_msg_id,
+                                       dlq_queue_id, dlq_queue_offset, body, properties, error_class,
+                                       delivery_attempts, dead_at)
+             VALUES ($1, $2, $3, $4, 'B', 0, 99, $5, '{}', 'DB_POOL_EXHAUSTED', 4, now())",
+        )
+        .bind(&group)
+        .bind(m.message_id.as_str())
+        .bind(&ticket)
+        .bind(&topic)
+        .bind(serde_json::to_vec(&m)?)
+        .execute(&env.pool)
+        .await?;
+        let r = verify().await?;
+        assert_eq!(r.tickets_reopened, vec![ticket.clone()]);
+        let t = tickets::get_ticket(&env.pool, &ticket)
+            .await?
+            .expect("ticket");
+        assert_eq!(
+            (t.status, t.owner.as_deref()),
+            (TicketStatus::Open, Some("bob"))
+        );
+        consumer.shutdown().await;
+        producer.shutdown().await;
         Ok(())
     });
 }

@@ -236,6 +236,9 @@ fn request(
         dry_run,
         force: Vec::new(),
         verify_within: Duration::from_secs(30),
+        // The operator picked this message on screen: a replay of it that
+        // went out unverified may be sent again.
+        include_replayed: true,
     }
 }
 

@@ -6,7 +6,7 @@ use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use chrono::Utc;
 use seckill_engine::{
-    ApplyError, BulkReport, BulkRequest, ClientRuntime, Config, DlqEntry, DlqEntryKey,
+    ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DlqEntry, DlqEntryKey,
     DlqEntryStatus, EntryDetail, Names, ReplayCheck as Check, ReplayDecision, ReplayError,
     ReplayOutcome, ReplayReport, ReplayRequest, RocketProducer, Sender, Ticket, TicketAction,
     TicketId, TicketStatus, db, replay, tickets,
@@ -79,6 +79,9 @@ pub struct ReplayArgs {
     /// How long to wait for the consumer's verdict
     #[arg(long, value_parser = crate::parse::duration, default_value = "60s")]
     verify_within: std::time::Duration,
+    /// Send again entries whose earlier replay went out and was not verified
+    #[arg(long)]
+    include_replayed: bool,
     #[arg(long, short, value_enum, default_value_t)]
     output: OutputFormat,
 }
@@ -158,6 +161,9 @@ pub enum TicketCmd {
         ticket: TicketId,
         #[arg(long)]
         resolution: String,
+        /// Close it although some entries are neither verified nor discarded
+        #[arg(long)]
+        force: bool,
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
@@ -399,8 +405,9 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
                 TicketCmd::Close {
                     ticket,
                     resolution,
+                    force,
                     output,
-                } => (ticket, TicketAction::Close { resolution }, output),
+                } => (ticket, TicketAction::Close { resolution, force }, output),
                 TicketCmd::List { .. } | TicketCmd::Show { .. } => unreachable!("handled above"),
             };
             let t = match tickets::apply(&pool, &ticket, &action).await {
@@ -446,11 +453,21 @@ impl Tabular for BulkReport {
             .filter(|r| r.outcome == ReplayOutcome::Verified)
             .count();
         let mut lines = vec![format!(
-            "ticket {}: {} DEAD entr(ies) in the snapshot, {verified} verified; {} already replayed by an earlier run (skipped)",
+            "ticket {}: {} entr(ies) to replay in the snapshot, {verified} verified; {} not sent (below)",
             self.ticket_id,
             self.snapshot,
             self.skipped.len()
         )];
+        for k in &self.skipped {
+            lines.push(format!(
+                "{} {} ({}, {}): {}",
+                if k.done { "done   " } else { "UNDONE " },
+                k.message_id,
+                k.consumer_group,
+                k.status,
+                k.reason
+            ));
+        }
         if let Some(h) = &self.halted {
             lines.push(format!("HALTED: {h}"));
         }
@@ -464,6 +481,20 @@ impl Tabular for BulkReport {
         }
         lines
     }
+}
+
+/// Every entry of the run ended where it should (pure).
+fn bulk_clean(report: &BulkReport) -> bool {
+    // An entry without a message_id stays DEAD: the run did not finish the ticket.
+    report.halted.is_none()
+        && report.unreplayable.is_empty()
+        && report.skipped.iter().all(|k| k.done)
+        && report.entries.iter().all(|r| {
+            r.outcome == ReplayOutcome::Verified
+                || r.decision == ReplayDecision::DryRun
+                || (r.decision == ReplayDecision::Blocked
+                    && r.checks.iter().any(|v| v.level == CheckLevel::Block))
+        })
 }
 
 async fn replay_one(
@@ -509,6 +540,7 @@ async fn replay_one(
                 dry_run: args.dry_run,
                 force: args.force,
                 verify_within: args.verify_within,
+                include_replayed: args.include_replayed,
             };
             let result = replay::replay(pool, &names, &producer, &req).await;
             producer.shutdown().await;
@@ -524,6 +556,7 @@ async fn replay_one(
                 rate_per_s: args.rate,
                 canary: args.canary,
                 verify_within: args.verify_within,
+                include_replayed: args.include_replayed,
             };
             let result = replay::replay_ticket(pool, &names, &producer, &req).await;
             producer.shutdown().await;
@@ -543,20 +576,14 @@ fn single_exit(report: &ReplayReport, output: OutputFormat) -> Result<Exit> {
     })
 }
 
-/// Shows a ticket's replay; a halted run warns, anything not verified fails.
+/// Shows a ticket's replay: 0 when every entry ended verified, deliberately
+/// blocked by a pre-check, or was already done (verified or discarded); 1
+/// when any is left undone, listed (issue 17: nothing is skipped silently).
 fn bulk_exit(report: &BulkReport, output: OutputFormat) -> Result<Exit> {
     render(&mut std::io::stdout().lock(), output, report)?;
-    // An entry without a message_id stays DEAD: the run did not finish the ticket.
-    let all_ok = report.unreplayable.is_empty()
-        && report
-            .entries
-            .iter()
-            .all(|r| r.outcome == ReplayOutcome::Verified || r.decision == ReplayDecision::DryRun);
-    Ok(if report.halted.is_some() {
-        Exit::Warn
-    } else if all_ok {
+    Ok(if bulk_clean(report) {
         Exit::Ok
     } else {
-        Exit::Failure
+        Exit::Warn
     })
 }

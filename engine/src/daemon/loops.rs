@@ -93,6 +93,11 @@ pub(super) fn spawn_dlq_governor(
             if let Err(e) = crate::dlq::mirror_once(&admin, &pool, &names).await {
                 tracing::warn!(error = %e, "DLQ mirror pass failed; retrying next interval");
             }
+            // After the mirror, so an entry that died again is DEAD before
+            // its effect is looked for (docs/architecture.md §9.2).
+            if let Err(e) = crate::dlq::verifier::verify_once(&pool, &names).await {
+                tracing::warn!(error = %e, "DLQ verifier pass failed; retrying next interval");
+            }
             if let Some(url) = &webhook
                 && let Err(e) = crate::dlq::webhook::deliver_pending(&pool, &http, url).await
             {

@@ -159,7 +159,10 @@ async fn mirror_one(
          SET ticket_id = EXCLUDED.ticket_id, broker_msg_id = EXCLUDED.broker_msg_id,
              dlq_queue_id = EXCLUDED.dlq_queue_id, dlq_queue_offset = EXCLUDED.dlq_queue_offset,
              error_class = EXCLUDED.error_class, delivery_attempts = EXCLUDED.delivery_attempts,
-             dead_at = EXCLUDED.dead_at, status = 'DEAD', mirrored_at = now()",
+             dead_at = EXCLUDED.dead_at, mirrored_at = now(),
+             -- Died again (docs/architecture.md §9.2, dlq::entry): DEAD, with
+             -- replay_count and the failure history kept; a discarded one stays so.
+             status = CASE WHEN dlq_messages.status = 'DISCARDED' THEN dlq_messages.status ELSE 'DEAD' END",
     )
     .bind(group)
     .bind(&key)

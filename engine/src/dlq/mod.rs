@@ -13,11 +13,17 @@
 //!   shows.
 //! - [`replay`]: guarded replay with the original `message_id`, pre-checks,
 //!   audit and verification.
+//! - [`entry`]: an entry's lifecycle as one pure state machine, and the
+//!   ticket that follows its entries.
+//! - [`verifier`]: the governor's pass that verifies entries whose effect
+//!   now exists, whoever produced it, and moves tickets after them.
 
+pub mod entry;
 pub mod key;
 pub mod mirror;
 pub mod replay;
 pub mod tickets;
+pub mod verifier;
 pub mod webhook;
 
 pub use mirror::mirror_once;

@@ -19,8 +19,9 @@ pub enum TicketAction {
     Assign { owner: String },
     /// The fault is fixed: the entries may be replayed.
     Resolve,
-    /// Done, with what was done.
-    Close { resolution: String },
+    /// Done, with what was done. A ticket whose entries are not all
+    /// VERIFIED or DISCARDED closes only with `force` (docs/architecture.md §9.2).
+    Close { resolution: String, force: bool },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,6 +36,10 @@ pub enum TicketError {
     },
     #[error("{0} must not be empty")]
     Empty(&'static str),
+    #[error(
+        "ticket {ticket} still has {unsettled} entr(ies) neither verified nor discarded; replay or discard them, or close it with --force and a --resolution saying why"
+    )]
+    Unsettled { ticket: TicketId, unsettled: i64 },
 }
 
 impl TicketAction {
@@ -157,7 +162,7 @@ pub async fn apply(
         TicketAction::Assign { owner } if owner.trim().is_empty() => {
             return Err(TicketError::Empty("--owner").into());
         }
-        TicketAction::Close { resolution } if resolution.trim().is_empty() => {
+        TicketAction::Close { resolution, .. } if resolution.trim().is_empty() => {
             return Err(TicketError::Empty("--resolution").into());
         }
         _ => {}
@@ -170,9 +175,25 @@ pub async fn apply(
             .await?;
     let from = from.ok_or_else(|| TicketError::Unknown(id.clone()))?;
     let to = transition(id, from, action)?;
+    if let TicketAction::Close { force: false, .. } = action {
+        let unsettled: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM dlq_messages
+             WHERE ticket_id = $1 AND status NOT IN ('VERIFIED', 'DISCARDED')",
+        )
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if unsettled > 0 {
+            return Err(TicketError::Unsettled {
+                ticket: id.clone(),
+                unsettled,
+            }
+            .into());
+        }
+    }
     let (owner, resolution) = match action {
         TicketAction::Assign { owner } => (Some(owner.trim().to_owned()), None),
-        TicketAction::Close { resolution } => (None, Some(resolution.trim().to_owned())),
+        TicketAction::Close { resolution, .. } => (None, Some(resolution.trim().to_owned())),
         _ => (None, None),
     };
     sqlx::query(
@@ -318,6 +339,7 @@ mod tests {
     fn close() -> TicketAction {
         TicketAction::Close {
             resolution: "fixed the SKU row".into(),
+            force: false,
         }
     }
 

@@ -27,6 +27,13 @@ impl TopicKind {
         TopicKind::InventoryCompensate,
     ];
 
+    /// Its consumer records each message it applied in `consumer_inbox`:
+    /// all but the projection, which compares aggregate versions
+    /// (docs/architecture.md §8.7).
+    pub fn has_inbox(self) -> bool {
+        self != TopicKind::OrderEvent
+    }
+
     pub fn base_name(self) -> &'static str {
         match self {
             TopicKind::OrderCreate => "PROD_SECKILL_ORDER_CREATE_V1",

@@ -69,6 +69,7 @@ pub async fn run(
     activity: ActivityId,
 ) -> Result<Report, ReconcileError> {
     let per_sku = crate::ops::activity::pg_stock(pool, activity).await?;
+    let redis = read_redis(store, activity, &per_sku).await?;
     let checks = vec![
         within_stock(&per_sku),
         listed(pool, &ONE_VALID_ORDER_PER_USER, activity).await?,
@@ -77,13 +78,10 @@ pub async fn run(
         compensations_released(pool, activity).await?,
         listed(pool, &PAID_NEVER_CANCELED, activity).await?,
         pg_conservation(&per_sku),
-        redis_conservation(
-            &read_redis(store, activity, &per_sku).await?,
-            total_stock(&per_sku),
-        ),
+        redis_conservation(&redis, total_stock(&per_sku)),
         accepted_decided(
             crate::ops::redis_state::gap(pool, activity).await?,
-            store.pending_count(activity).await?,
+            redis.live - valid_orders(&per_sku),
             crate::ops::redis_state::restored_lost(pool, activity).await?,
         ),
     ];
@@ -292,16 +290,19 @@ fn redis_conservation(r: &RedisFigures, total: i64) -> Check {
 // ---------------------------------------------------------------------------
 
 /// Accepted reservations (the engines' tallies) that are neither decided
-/// in PostgreSQL nor waiting in Redis are lost, unless a restore already
+/// in PostgreSQL nor held in Redis are lost, unless a restore already
 /// counted them as lost unsent with Redis' state (their clients get LOST).
-/// The tallies can only under-count, so this never fails for a reservation
+/// `held` is what Redis holds without a valid order: reservations still on
+/// their way, and those whose message is in the DLQ (the DLQ alert's). The
+/// tallies can only under-count, so this never fails for a reservation
 /// that was not accepted (pure).
-fn accepted_decided(gap: crate::ops::redis_state::Gap, pending: u64, restored_lost: i64) -> Check {
-    let missing = gap.undecided() - pending as i64 - restored_lost;
+fn accepted_decided(gap: crate::ops::redis_state::Gap, held: i64, restored_lost: i64) -> Check {
+    let held = held.max(0);
+    let missing = gap.undecided() - held - restored_lost;
     check(
         "accepted reservations decided (once quiet)",
         format!(
-            "accepted {} (engines' tallies), decided {}, {pending} waiting to be sent, {restored_lost} lost unsent with Redis' state (restores)",
+            "accepted {} (engines' tallies), decided {}, {held} held in Redis without an order (on their way, or dead-lettered), {restored_lost} lost unsent with Redis' state (restores)",
             gap.accepted, gap.decided
         ),
         if missing > 0 {

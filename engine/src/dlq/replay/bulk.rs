@@ -8,6 +8,7 @@ use super::single::{
     Prepared, ReplayError, ReplayReport, ReplayRequest, finish, prepare, replay, send, validate,
     verify,
 };
+use crate::dlq::entry::{EntryMove, MoveFacts, next};
 use crate::dlq::key::DlqEntryKey;
 use crate::domain::ids::{MessageId, TicketId};
 use crate::domain::status::{DlqEntryStatus, ReplayDecision, ReplayOutcome, TicketStatus};
@@ -26,6 +27,9 @@ pub struct BulkRequest {
     pub force: Vec<Check>,
     /// Sends per second at most.
     pub rate_per_s: f64,
+    /// Send again the entries whose earlier replay went out unverified
+    /// (REPLAYED, or REPLAYING after an unknown send).
+    pub include_replayed: bool,
     /// Entries replayed and verified one by one before the rest go.
     pub canary: usize,
     pub verify_within: Duration,
@@ -37,8 +41,8 @@ pub struct BulkReport {
     pub ticket_id: TicketId,
     /// DEAD entries of the ticket when the command started.
     pub snapshot: usize,
-    /// Entries a previous run already sent (resumed, not re-sent).
-    pub skipped: Vec<DlqEntryKey>,
+    /// Entries of the ticket this run did not send, each with why.
+    pub skipped: Vec<Skipped>,
     /// Why the run stopped early, if it did.
     pub halted: Option<String>,
     pub entries: Vec<ReplayReport>,
@@ -47,6 +51,18 @@ pub struct BulkReport {
     /// (§9.4). Absent from the JSON when there are none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreplayable: Vec<DlqEntryKey>,
+}
+
+/// An entry a bulk run left alone, and why: nothing is skipped silently.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    pub consumer_group: String,
+    pub message_id: DlqEntryKey,
+    pub status: DlqEntryStatus,
+    pub reason: String,
+    /// Its work is done (verified, or discarded on purpose); when false
+    /// the entry is left undone and the run does not end clean.
+    pub done: bool,
 }
 
 /// Holds each broker send to its slot: the rate limits the sends
@@ -76,12 +92,12 @@ impl Pacer {
 
 /// The ticket's entries as the command found them.
 struct Snapshot {
-    /// DEAD entries with a `message_id`, oldest first: (group, id).
+    /// Entries to send, with a `message_id`, oldest first: (group, id).
     dead: Vec<(String, MessageId)>,
     /// DEAD entries without one: reported, never sent.
     foreign: Vec<DlqEntryKey>,
-    /// Entries no longer DEAD: a previous run sent them.
-    skipped: Vec<DlqEntryKey>,
+    /// The others, with why they are not sent.
+    skipped: Vec<Skipped>,
 }
 
 /// Replays the DEAD entries of a ticket: the canaries first, each verified
@@ -99,7 +115,7 @@ pub async fn replay_ticket<P: Producer>(
         return Err(ReplayError::BadRate(req.rate_per_s));
     }
     check_ticket(pool, &req.ticket).await?;
-    let snap = snapshot(pool, &req.ticket).await?;
+    let snap = snapshot(pool, &req.ticket, req.include_replayed).await?;
     let dead_count = snap.dead.len() + snap.foreign.len();
     let mut report = BulkReport {
         ticket_id: req.ticket.clone(),
@@ -146,9 +162,15 @@ async fn check_ticket(pool: &PgPool, ticket: &TicketId) -> Result<(), ReplayErro
     }
 }
 
-/// The snapshot: only DEAD entries are replayed, so a rerun resumes
-/// without re-sending what an earlier run sent (§9.3).
-async fn snapshot(pool: &PgPool, ticket: &TicketId) -> Result<Snapshot, sqlx::Error> {
+/// The snapshot: DEAD entries are replayed (and, with
+/// `include_replayed`, those an earlier replay left unverified), so a rerun
+/// resumes without re-sending what an earlier run sent (§9.3); every other
+/// entry is listed with why (dlq::entry).
+async fn snapshot(
+    pool: &PgPool,
+    ticket: &TicketId,
+    include_replayed: bool,
+) -> Result<Snapshot, sqlx::Error> {
     let all: Vec<(String, DlqEntryKey, DlqEntryStatus)> = sqlx::query_as(
         "SELECT consumer_group, message_id, status FROM dlq_messages
          WHERE ticket_id = $1 ORDER BY dead_at, message_id",
@@ -161,11 +183,21 @@ async fn snapshot(pool: &PgPool, ticket: &TicketId) -> Result<Snapshot, sqlx::Er
         foreign: Vec::new(),
         skipped: Vec::new(),
     };
+    let facts = MoveFacts {
+        include_replayed,
+        in_flight: false,
+    };
     for (group, key, status) in all {
-        match (status, key) {
-            (DlqEntryStatus::Dead, DlqEntryKey::Message(id)) => snap.dead.push((group, id)),
-            (DlqEntryStatus::Dead, key) => snap.foreign.push(key),
-            (_, key) => snap.skipped.push(key),
+        match (next(status, EntryMove::ReplaySent, facts), key) {
+            (Ok(_), DlqEntryKey::Message(id)) => snap.dead.push((group, id)),
+            (Ok(_), key) => snap.foreign.push(key),
+            (Err(why), key) => snap.skipped.push(Skipped {
+                consumer_group: group,
+                message_id: key,
+                status,
+                reason: why.to_string(),
+                done: matches!(status, DlqEntryStatus::Verified | DlqEntryStatus::Discarded),
+            }),
         }
     }
     Ok(snap)
@@ -181,6 +213,7 @@ fn one(req: &BulkRequest, group: &str, id: &MessageId) -> ReplayRequest {
         dry_run: req.dry_run,
         force: req.force.clone(),
         verify_within: req.verify_within,
+        include_replayed: req.include_replayed,
     }
 }
 
@@ -275,21 +308,26 @@ fn list_not_attempted(report: &mut BulkReport, dead: &[(String, MessageId)]) {
     }
 }
 
-/// The ticket is VERIFIED once every entry is (§9.2); a dry run or a
-/// halted run leaves it as it is.
-async fn outcome(pool: &PgPool, req: &BulkRequest, report: &BulkReport) -> Result<(), sqlx::Error> {
-    if req.dry_run || report.halted.is_some() {
+/// The ticket follows its entries (§9.2, dlq::entry): VERIFIED once every
+/// one is VERIFIED or DISCARDED. A dry run changes nothing; a run that
+/// left entries undone puts a REPLAYING ticket back to FIXED, so it does
+/// not look busy.
+async fn outcome(
+    pool: &PgPool,
+    req: &BulkRequest,
+    _report: &BulkReport,
+) -> Result<(), sqlx::Error> {
+    if req.dry_run {
         return Ok(());
     }
-    let open: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM dlq_messages WHERE ticket_id = $1 AND status <> 'VERIFIED'",
+    crate::dlq::verifier::tickets_follow(pool).await?;
+    sqlx::query(
+        "UPDATE dlq_tickets SET status = 'FIXED', updated_at = now()
+         WHERE ticket_id = $1 AND status = 'REPLAYING'",
     )
     .bind(&req.ticket)
-    .fetch_one(pool)
+    .execute(pool)
     .await?;
-    if open == 0 {
-        set_ticket(pool, &req.ticket, TicketStatus::Verified).await?;
-    }
     Ok(())
 }
 

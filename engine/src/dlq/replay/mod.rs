@@ -14,6 +14,6 @@ mod bulk;
 mod checks;
 mod single;
 
-pub use bulk::{BulkReport, BulkRequest, replay_ticket};
+pub use bulk::{BulkReport, BulkRequest, Skipped, replay_ticket};
 pub use checks::{Check, Facts, Level, SchemaError, UnknownCheck, Verdict, decide, pace, verdicts};
 pub use single::{ReplayError, ReplayReport, ReplayRequest, precheck, replay};

@@ -9,6 +9,8 @@
 //! refusals included, writes one `replay_audit` row.
 
 use super::checks::{Check, Facts, Verdict, decide, parse_for, verdicts};
+use crate::dlq::entry::{EntryMove, MoveFacts, next};
+use crate::dlq::verifier;
 use crate::domain::ids::{MessageId, ReplayId, TicketId};
 use crate::domain::status::{
     CompensationSource, CompensationStatus, DlqEntryStatus, InboxStatus, OrderStatus,
@@ -36,6 +38,9 @@ pub struct ReplayRequest {
     pub force: Vec<Check>,
     /// How long to wait for the consumer's verdict after sending.
     pub verify_within: Duration,
+    /// Send again an entry whose earlier replay went out and was not
+    /// verified (REPLAYED, or REPLAYING after an unknown send).
+    pub include_replayed: bool,
 }
 
 /// The answer: the verdict table, the decision and how it ended.
@@ -89,6 +94,7 @@ pub enum ReplayError {
 /// The mirrored copy a replay re-sends.
 #[derive(sqlx::FromRow)]
 struct Entry {
+    status: DlqEntryStatus,
     consumer_group: String,
     ticket_id: Option<TicketId>,
     original_topic: String,
@@ -248,7 +254,7 @@ pub async fn precheck(
     message_id: &MessageId,
 ) -> Result<Vec<Verdict>, ReplayError> {
     let entry: Entry = sqlx::query_as(
-        "SELECT consumer_group, ticket_id, original_topic, body, properties, replay_count
+        "SELECT status, consumer_group, ticket_id, original_topic, body, properties, replay_count
          FROM dlq_messages WHERE message_id = $1 AND consumer_group = $2",
     )
     .bind(message_id)
@@ -267,7 +273,7 @@ pub(super) async fn prepare(
     req: &ReplayRequest,
 ) -> Result<Prepared, ReplayError> {
     let mut entries: Vec<Entry> = sqlx::query_as(
-        "SELECT consumer_group, ticket_id, original_topic, body, properties, replay_count
+        "SELECT status, consumer_group, ticket_id, original_topic, body, properties, replay_count
          FROM dlq_messages WHERE message_id = $1 AND ($2::text IS NULL OR consumer_group = $2)",
     )
     .bind(&req.message_id)
@@ -290,7 +296,21 @@ pub(super) async fn prepare(
     let group = entry.consumer_group.clone();
     let facts = gather(pool, names, &group, &req.message_id, &entry).await?;
     let checks = verdicts(&facts, &req.force);
-    let decision = decide(&checks, req.dry_run);
+    let mut decision = decide(&checks, req.dry_run);
+    // The entry's own state may refuse what the checks allow (dlq::entry).
+    let in_flight = replay_in_flight(pool, &group, &req.message_id).await?;
+    let refused = next(
+        entry.status,
+        EntryMove::ReplaySent,
+        MoveFacts {
+            include_replayed: req.include_replayed,
+            in_flight,
+        },
+    )
+    .err();
+    if refused.is_some() {
+        decision = ReplayDecision::Blocked;
+    }
     let replay_id = ReplayId::generate();
     let report = ReplayReport {
         replay_id: Some(replay_id.clone()),
@@ -301,10 +321,11 @@ pub(super) async fn prepare(
         decision,
         outcome: ReplayOutcome::NotSent,
         replay_count: entry.replay_count + 1,
-        detail: match decision {
-            ReplayDecision::Blocked => "blocked by a pre-check; nothing was sent".into(),
-            ReplayDecision::DryRun => "dry run; nothing was sent".into(),
-            ReplayDecision::Sent => String::new(),
+        detail: match (decision, refused) {
+            (_, Some(why)) => format!("not replayed: {why}; nothing was sent"),
+            (ReplayDecision::Blocked, None) => "blocked by a pre-check; nothing was sent".into(),
+            (ReplayDecision::DryRun, None) => "dry run; nothing was sent".into(),
+            (ReplayDecision::Sent, None) => String::new(),
         },
     };
     audit_open(pool, &replay_id, &report, req).await?;
@@ -328,15 +349,28 @@ pub(super) async fn send<P: Producer>(
     slot: impl Future<Output = ()>,
 ) -> Result<bool, sqlx::Error> {
     let (group, id) = (&p.report.consumer_group, &p.report.message_id);
-    sqlx::query(
+    // Fenced on the status and count this replay read: of two operators
+    // replaying the same entry at once, one sends it (dlq::entry).
+    let took = sqlx::query(
         "UPDATE dlq_messages SET status = 'REPLAYING', replay_count = $3
-         WHERE consumer_group = $1 AND message_id = $2",
+         WHERE consumer_group = $1 AND message_id = $2 AND status = $4 AND replay_count = $5",
     )
     .bind(group)
     .bind(id)
     .bind(p.report.replay_count)
+    .bind(p.entry.status)
+    .bind(p.entry.replay_count)
     .execute(pool)
-    .await?;
+    .await?
+    .rows_affected();
+    if took == 0 {
+        p.report.decision = ReplayDecision::Blocked;
+        p.report.detail = format!(
+            "not replayed: {}; nothing was sent",
+            crate::dlq::entry::EntryRefusal::InFlight
+        );
+        return Ok(false);
+    }
     let msg = replay_message(&p.entry, id, &p.replay_id, p.report.replay_count);
     slot.await;
     match producer.send(msg, Duration::from_secs(3)).await {
@@ -354,7 +388,8 @@ pub(super) async fn send<P: Producer>(
             p.report.outcome = ReplayOutcome::SendFailed;
             p.report.detail = format!("send failed: {detail}");
             sqlx::query(
-                "UPDATE dlq_messages SET status = 'DEAD' WHERE consumer_group = $1 AND message_id = $2",
+                "UPDATE dlq_messages SET status = 'DEAD'
+                 WHERE consumer_group = $1 AND message_id = $2 AND status = 'REPLAYING'",
             )
             .bind(group)
             .bind(id)
@@ -372,24 +407,36 @@ pub(super) async fn finish(pool: &PgPool, p: &mut Prepared) -> Result<(), sqlx::
             .detail
             .push_str("; not verified in time: check `seckillctl dlq show`");
     }
-    let status = match p.report.outcome {
-        ReplayOutcome::Verified => Some(DlqEntryStatus::Verified),
-        ReplayOutcome::VerifyFailed => Some(DlqEntryStatus::Replayed),
-        _ => None,
-    };
-    if let Some(s) = status {
-        sqlx::query(
-            "UPDATE dlq_messages
-             SET status = $3, verified_at = CASE WHEN $3 = 'VERIFIED' THEN now() ELSE verified_at END
-             WHERE consumer_group = $1 AND message_id = $2",
-        )
-        .bind(&p.report.consumer_group)
-        .bind(&p.report.message_id)
-        .bind(s)
-        .execute(pool)
-        .await?;
+    let (group, id) = (&p.report.consumer_group, &p.report.message_id);
+    match p.report.outcome {
+        ReplayOutcome::Verified => {
+            for from in [
+                DlqEntryStatus::Replaying,
+                DlqEntryStatus::Replayed,
+                DlqEntryStatus::Dead,
+            ] {
+                if verifier::mark_verified(pool, group, id, from).await? {
+                    break;
+                }
+            }
+        }
+        // Only if still REPLAYING: the mirror may have found the copy dead
+        // again meanwhile, and DEAD says more than REPLAYED.
+        ReplayOutcome::VerifyFailed => {
+            sqlx::query(
+                "UPDATE dlq_messages SET status = 'REPLAYED'
+                 WHERE consumer_group = $1 AND message_id = $2 AND status = 'REPLAYING'",
+            )
+            .bind(group)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        }
+        _ => {}
     }
-    audit_close(pool, &p.replay_id, p.report.outcome).await
+    audit_close(pool, &p.replay_id, p.report.outcome).await?;
+    verifier::tickets_follow(pool).await?;
+    Ok(())
 }
 
 /// Waits for the consumer's verdict (an inbox row past PROCESSING), then
@@ -403,50 +450,32 @@ pub(super) async fn verify(
 ) -> Result<ReplayOutcome, sqlx::Error> {
     let deadline = Instant::now() + within;
     loop {
-        let done: Option<bool> = sqlx::query_scalar(
-            "SELECT status <> 'PROCESSING' FROM consumer_inbox WHERE consumer_group = $1 AND message_id = $2",
-        )
-        .bind(group)
-        .bind(message_id)
-        .fetch_optional(pool)
-        .await?;
         // The projection keeps no inbox (it compares aggregate versions):
-        // no row there is the verdict.
-        if done == Some(true) || (facts.kind == Some(TopicKind::OrderEvent) && done.is_none()) {
-            break;
+        // there is nothing to wait for.
+        match verifier::effect_exists(pool, facts.kind, group, message_id).await? {
+            Some(true) | None => return Ok(ReplayOutcome::Verified),
+            Some(false) if Instant::now() >= deadline => return Ok(ReplayOutcome::VerifyFailed),
+            Some(false) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
-        if Instant::now() >= deadline {
-            return Ok(ReplayOutcome::VerifyFailed);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if facts.kind != Some(TopicKind::OrderCreate) {
-        return Ok(ReplayOutcome::Verified);
-    }
-    // Uniqueness per reservation is the schema's (orders, ledger and
-    // compensation keys); what the replay must have produced is a decided
-    // reservation with its effect: an order, or a rejection compensated once.
-    let broken: i64 = sqlx::query_scalar(
-        "WITH body AS (SELECT convert_from(body, 'UTF8')::jsonb ->> 'reservation_id' AS rsv
-                       FROM dlq_messages WHERE consumer_group = $1 AND message_id = $2)
-         SELECT count(*) FROM body
-         WHERE NOT EXISTS (
-             SELECT 1 FROM reservations r
-             WHERE r.reservation_id = body.rsv
-               AND (r.outcome = 'ORDER_CREATED'
-                        AND EXISTS (SELECT 1 FROM orders o WHERE o.reservation_id = r.reservation_id)
-                    OR r.outcome <> 'ORDER_CREATED'
-                        AND EXISTS (SELECT 1 FROM compensation_tasks c WHERE c.reservation_id = r.reservation_id)))",
+}
+
+/// Another replay of this entry is running now: an audit row that was
+/// sent and has no outcome yet, younger than any verification wait.
+async fn replay_in_flight(
+    pool: &PgPool,
+    group: &str,
+    message_id: &MessageId,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM replay_audit
+                        WHERE consumer_group = $1 AND message_id = $2 AND decision = 'SENT'
+                          AND outcome = 'PENDING' AND created_at > now() - interval '10 minutes')",
     )
     .bind(group)
     .bind(message_id)
     .fetch_one(pool)
-    .await?;
-    Ok(if broken == 0 {
-        ReplayOutcome::Verified
-    } else {
-        ReplayOutcome::VerifyFailed
-    })
+    .await
 }
 
 /// The audit row of §9.4, written before anything is sent, so a crash
@@ -523,6 +552,7 @@ mod tests {
     #[test]
     fn a_replay_keeps_the_original_message_id_and_adds_the_lineage() {
         let e = Entry {
+            status: DlqEntryStatus::Dead,
             consumer_group: "G".into(),
             ticket_id: None,
             original_topic: "T".into(),
