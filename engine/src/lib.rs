@@ -97,6 +97,7 @@ pub use pipeline::order::{self, CancelMode, CancelOutcome, OrderRow, PayOutcome}
 pub use pipeline::{outbox, publish};
 
 // Operations.
+pub use dlq::discard::{DiscardError, DiscardReport, DiscardRequest, discard};
 pub use dlq::entry::{self as dlq_entry, EntryMove, EntryRefusal, MoveFacts};
 pub use dlq::key::{DlqEntryKey, NotReplayable};
 pub use dlq::replay::{

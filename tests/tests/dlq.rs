@@ -914,6 +914,15 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
         let dead = entry_becomes(&env, &group, &id, DlqEntryStatus::Dead).await?;
         let ticket = dead.ticket_id.clone().expect("ticketed");
 
+        // A rehearsal before the fix shows the error the replay would hit.
+        let rehearsal = seckill_engine::replay::rehearse(&env.pool, &env.names, &id, None).await?;
+        match &rehearsal.verdict {
+            seckill_engine::replay::RehearsedVerdict::Fails(e) => {
+                assert!(e.contains("poison: user 1 refused"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+
         // Before the fix: the replayed copy fails, is not verified in time
         // (REPLAYED), then dies again and is DEAD again, its count kept.
         let req = |reason: &str, within: u64, include_replayed: bool| ReplayRequest {
@@ -952,10 +961,34 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
             }))
         ));
 
-        // The fix, then a ticket replay: verified, and the ticket with it.
+        // The fix; a rehearsal shows the exact order, and keeps nothing.
         sqlx::raw_sql("DROP TRIGGER poison ON orders")
             .execute(&env.pool)
             .await?;
+        let rehearsal = seckill_engine::replay::rehearse(&env.pool, &env.names, &id, None).await?;
+        assert_eq!(
+            rehearsal.verdict,
+            seckill_engine::replay::RehearsedVerdict::Created(m.order_id.clone())
+        );
+        let order = rehearsal.order.clone().expect("the order it would create");
+        assert_eq!(order.order_id, m.order_id);
+        assert_eq!(rehearsal.stock, Some((sku, 5, 4)));
+        assert_eq!(rehearsal.ledger.len(), 1);
+        assert_eq!(rehearsal.ledger[0].delta, -1);
+        let tags: Vec<&str> = rehearsal.outbox.iter().map(|o| o.tag.as_str()).collect();
+        assert!(
+            tags.contains(&"CANCEL_IF_UNPAID") && tags.contains(&"ORDER_CREATED"),
+            "{tags:?}"
+        );
+        let kept: (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM orders), (SELECT available_stock FROM inventory),
+                    (SELECT count(*) FROM event_outbox)",
+        )
+        .fetch_one(&env.pool)
+        .await?;
+        assert_eq!(kept, (0, 5, 0), "a rehearsal keeps nothing");
+
+        // Then a ticket replay: verified, and the ticket with it.
         let bulk = replay_ticket(
             &env.pool,
             &env.names,
@@ -979,10 +1012,15 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
             .await?
             .expect("ticket");
         assert_eq!((t.status, t.dead), (TicketStatus::Verified, 0));
-        let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-            .fetch_one(&env.pool)
-            .await?;
-        assert_eq!(orders, 1);
+        let created: (i64, OrderId) =
+            sqlx::query_as("SELECT count(*) OVER (), order_id FROM orders")
+                .fetch_one(&env.pool)
+                .await?;
+        assert_eq!(
+            created,
+            (1, order.order_id),
+            "the order the rehearsal showed"
+        );
 
         // A second replay is refused, with its reason.
         let second = replay(&env.pool, &env.names, &producer, &req("again", 3, true)).await?;
@@ -1075,6 +1113,101 @@ fn the_verifier_verifies_an_entry_whoever_applied_it_and_reopens_a_verified_tick
         assert_eq!(
             (t.status, t.owner.as_deref()),
             (TicketStatus::Open, Some("bob"))
+        );
+        consumer.shutdown().await;
+        producer.shutdown().await;
+        Ok(())
+    });
+}
+
+#[test]
+fn a_discard_is_fenced_compensates_an_order_message_once_and_is_audited() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(19), SkuId(5));
+        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+            .bind(activity)
+            .execute(&env.pool)
+            .await?;
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 9, 9)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        let (ticket, msgs) = dead_entries(&env, FailureClass::Unknown, activity, sku, 1).await?;
+        let m = &msgs[0];
+        let req = |reason: &str| seckill_engine::DiscardRequest {
+            message_id: m.message_id.clone(),
+            group: None,
+            reason: reason.into(),
+            operator: "test".into(),
+        };
+        assert!(matches!(
+            seckill_engine::discard(&env.pool, &env.names, &req(" ")).await,
+            Err(seckill_engine::DiscardError::NoReason)
+        ));
+        let r = seckill_engine::discard(&env.pool, &env.names, &req("poison for good")).await?;
+        assert!(r.compensated, "{r:?}");
+        let n = |sql: &'static str| {
+            let pool = env.pool.clone();
+            async move { Ok::<i64, anyhow::Error>(sqlx::query_scalar(sql).fetch_one(&pool).await?) }
+        };
+        assert_eq!(
+            n("SELECT count(*) FROM reservations WHERE outcome = 'RELEASED'").await?,
+            1
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM compensation_tasks WHERE source = 'BUSINESS_REJECTION'")
+                .await?,
+            1
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM consumer_inbox WHERE result_code = 'DISCARDED'").await?,
+            1
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM replay_audit WHERE decision = 'DISCARDED'").await?,
+            1
+        );
+        let e = &tickets::list_entries(&env.pool, None, Some(&ticket), None).await?[0];
+        assert_eq!(e.status, DlqEntryStatus::Discarded);
+        let t = tickets::get_ticket(&env.pool, &ticket)
+            .await?
+            .expect("ticket");
+        assert_eq!(t.status, TicketStatus::Verified, "every entry settled");
+        // Twice: refused, nothing written again.
+        assert!(matches!(
+            seckill_engine::discard(&env.pool, &env.names, &req("again")).await,
+            Err(seckill_engine::DiscardError::Refused { .. })
+        ));
+        // A copy still on its way (the broker's retry) is a no-op: never
+        // both an order and a compensation.
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        let consumer =
+            order_consumer(&env, ConsumerSpec::new(group.clone(), topic.clone())).await?;
+        let producer = producer(&env).await?;
+        let marker = order_msg(activity, sku);
+        for msg in [m, &marker] {
+            let sent = producer
+                .send(to_outgoing(msg, &topic), Duration::from_secs(3))
+                .await;
+            ensure!(sent.is_confirmed(), "{sent:?}");
+        }
+        // Both consumed (the group's lag is 0, offsets committed), and only
+        // the marker made an order.
+        eventually(Duration::from_secs(60), "both consumed", || async {
+            let lag = env.admin.lag(&topic, &group).await?;
+            let orders = n("SELECT count(*) FROM orders").await?;
+            Ok((lag.messages == 0 && orders >= 1).then_some(()))
+        })
+        .await?;
+        assert_eq!(n("SELECT count(*) FROM orders").await?, 1);
+        let order_user: i64 = sqlx::query_scalar("SELECT user_id FROM orders")
+            .fetch_one(&env.pool)
+            .await?;
+        assert_eq!(
+            order_user, marker.user_id.0,
+            "no order for the discarded message"
         );
         consumer.shutdown().await;
         producer.shutdown().await;

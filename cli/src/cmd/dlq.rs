@@ -6,10 +6,11 @@ use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use chrono::Utc;
 use seckill_engine::{
-    ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DlqEntry, DlqEntryKey,
-    DlqEntryStatus, EntryDetail, Names, ReplayCheck as Check, ReplayDecision, ReplayError,
-    ReplayOutcome, ReplayReport, ReplayRequest, RocketProducer, Sender, Ticket, TicketAction,
-    TicketId, TicketStatus, db, replay, tickets,
+    ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DiscardError,
+    DiscardReport, DiscardRequest, DlqEntry, DlqEntryKey, DlqEntryStatus, EntryDetail, MessageId,
+    Names, ReplayCheck as Check, ReplayDecision, ReplayError, ReplayOutcome, ReplayReport,
+    ReplayRequest, RocketProducer, Sender, Ticket, TicketAction, TicketId, TicketStatus, db,
+    replay, tickets,
 };
 use serde::Serialize;
 use std::sync::Arc;
@@ -42,6 +43,134 @@ pub enum DlqCmd {
     Ticket(TicketCmd),
     /// Re-send a dead message with its ORIGINAL message_id, after pre-checks
     Replay(ReplayArgs),
+    /// End dead messages on purpose, without their effect: fenced by the
+    /// inbox (a later copy is a no-op); an order message's reservation is
+    /// released and compensated once (the buyer is told no); audited
+    Discard(DiscardArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["message_id", "ticket"])))]
+pub struct DiscardArgs {
+    #[arg(long)]
+    message_id: Option<MessageId>,
+    /// Every entry of the ticket that is neither verified nor discarded
+    #[arg(long, conflicts_with = "group")]
+    ticket: Option<TicketId>,
+    /// Only when the message is dead in more than one group
+    #[arg(long)]
+    group: Option<String>,
+    /// Why it is ended (recorded in replay_audit)
+    #[arg(long)]
+    reason: String,
+    /// Who is discarding [default: $USER]
+    #[arg(long)]
+    operator: Option<String>,
+    #[arg(long, short, value_enum, default_value_t)]
+    output: OutputFormat,
+}
+
+/// What `dlq discard` did to each entry.
+#[derive(Debug, Serialize)]
+struct Discarded {
+    discarded: Vec<DiscardReport>,
+    /// (message id, why it was not discarded)
+    refused: Vec<(String, String)>,
+}
+
+impl Tabular for Discarded {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["MESSAGE ID", "GROUP", "AUDIT", "DETAIL"]);
+        for d in &self.discarded {
+            t.add_row([
+                d.message_id.to_string(),
+                d.consumer_group.clone(),
+                d.audit_id.to_string(),
+                d.detail.clone(),
+            ]);
+        }
+        for (id, why) in &self.refused {
+            t.add_row([
+                id.clone(),
+                "-".into(),
+                "-".into(),
+                format!("REFUSED: {why}"),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        vec![format!(
+            "{} discarded, {} refused",
+            self.discarded.len(),
+            self.refused.len()
+        )]
+    }
+}
+
+async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Result<Exit> {
+    let names = Names::new(cfg.topic_prefix.clone());
+    let operator = args
+        .operator
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "unknown".into());
+    let targets: Vec<(MessageId, Option<String>)> = match (&args.message_id, &args.ticket) {
+        (Some(id), _) => vec![(id.clone(), args.group.clone())],
+        (None, Some(ticket)) => {
+            if tickets::get_ticket(pool, ticket).await?.is_none() {
+                return Err(UsageError(format!(
+                    "no ticket {ticket}; list them with `seckillctl dlq ticket list`"
+                ))
+                .into());
+            }
+            tickets::list_entries(pool, None, Some(ticket), None)
+                .await?
+                .into_iter()
+                .filter(|e| {
+                    !matches!(
+                        e.status,
+                        DlqEntryStatus::Verified | DlqEntryStatus::Discarded
+                    )
+                })
+                .filter_map(|e| match e.message_id {
+                    DlqEntryKey::Message(id) => Some((id, Some(e.consumer_group))),
+                    _ => None,
+                })
+                .collect()
+        }
+        (None, None) => unreachable!("clap requires --message-id or --ticket"),
+    };
+    let mut out = Discarded {
+        discarded: Vec::new(),
+        refused: Vec::new(),
+    };
+    for (id, group) in targets {
+        let req = DiscardRequest {
+            message_id: id.clone(),
+            group,
+            reason: args.reason.clone(),
+            operator: operator.clone(),
+        };
+        match seckill_engine::discard(pool, &names, &req).await {
+            Ok(r) => out.discarded.push(r),
+            Err(DiscardError::Db(e)) => return Err(e.into()),
+            Err(
+                e @ (DiscardError::NoReason
+                | DiscardError::Unknown(_)
+                | DiscardError::Ambiguous { .. }),
+            ) if args.ticket.is_none() => {
+                return Err(UsageError(e.to_string()).into());
+            }
+            Err(e) => out.refused.push((id.to_string(), e.to_string())),
+        }
+    }
+    render(&mut std::io::stdout().lock(), args.output, &out)?;
+    Ok(if out.refused.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::Warn
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -61,9 +190,14 @@ pub struct ReplayArgs {
     /// With --ticket: entries replayed and verified one by one before the rest
     #[arg(long, default_value_t = 1)]
     canary: usize,
-    /// Why this replay is safe now (recorded in replay_audit)
-    #[arg(long)]
-    reason: String,
+    /// Why this replay is safe now (recorded in replay_audit; not needed to --rehearse)
+    #[arg(long, required_unless_present = "rehearse")]
+    reason: Option<String>,
+    /// Run the order consumer's transaction for the message inside
+    /// PostgreSQL, show every effect it would have, then roll it back:
+    /// nothing is sent and nothing is kept
+    #[arg(long, conflicts_with_all = ["ticket", "dry_run", "force"])]
+    rehearse: bool,
     /// Only when the message is dead in more than one group
     #[arg(long)]
     group: Option<String>,
@@ -349,6 +483,9 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
     if let DlqCmd::Replay(args) = cmd {
         return replay_one(args, cfg, &pool, rt).await;
     }
+    if let DlqCmd::Discard(args) = cmd {
+        return discard_cmd(args, cfg, &pool).await;
+    }
     let out = &mut std::io::stdout().lock();
     match cmd {
         DlqCmd::List {
@@ -417,7 +554,7 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
             };
             render(out, output, &Tickets(vec![t]))
         }
-        DlqCmd::Replay(_) => unreachable!("handled above"),
+        DlqCmd::Replay(_) | DlqCmd::Discard(_) => unreachable!("handled above"),
     }
     .map(|()| Exit::Ok)
 }
@@ -483,6 +620,63 @@ impl Tabular for BulkReport {
     }
 }
 
+impl Tabular for replay::Rehearsal {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["EFFECT", "WOULD BE"]);
+        if let Some(o) = &self.order {
+            t.add_row([
+                "order".to_owned(),
+                format!("{} {} (pay by {})", o.order_id, o.status, o.expires_at),
+            ]);
+        }
+        if let Some(r) = self.reservation_outcome {
+            t.add_row(["reservation".to_owned(), r.to_string()]);
+        }
+        if let Some((sku, before, after)) = self.stock {
+            t.add_row([
+                format!("stock sku {sku}"),
+                format!("{before} -> {after} ({:+})", after - before),
+            ]);
+        }
+        for l in &self.ledger {
+            t.add_row(["ledger".to_owned(), format!("{} {:+}", l.reason, l.delta)]);
+        }
+        for (source, status) in &self.compensations {
+            t.add_row(["compensation".to_owned(), format!("{source} {status}")]);
+        }
+        for o in &self.outbox {
+            t.add_row([
+                format!("outbox {}", o.tag),
+                format!(
+                    "{} key {}{}",
+                    o.topic,
+                    o.message_key,
+                    o.deliver_at
+                        .map(|at| format!(" at {at}"))
+                        .unwrap_or_default()
+                ),
+            ]);
+        }
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        let verdict = match &self.verdict {
+            replay::RehearsedVerdict::Created(id) => format!("would create order {id}"),
+            replay::RehearsedVerdict::Rejected(r) => {
+                format!("would reject the reservation ({r}) and compensate it once")
+            }
+            replay::RehearsedVerdict::AlreadyApplied(why) => format!("would change nothing: {why}"),
+            replay::RehearsedVerdict::Fails(e) => format!("would FAIL now: {e}"),
+        };
+        vec![
+            format!("{} ({}): {verdict}", self.message_id, self.consumer_group),
+            "rehearsal: the transaction was rolled back; nothing was sent and nothing was kept"
+                .into(),
+        ]
+    }
+}
+
 /// Every entry of the run ended where it should (pure).
 fn bulk_clean(report: &BulkReport) -> bool {
     // An entry without a message_id stays DEAD: the run did not finish the ticket.
@@ -521,6 +715,23 @@ async fn replay_one(
         ),
         (Some(_), _) => None,
     };
+    let output = args.output;
+    if args.rehearse {
+        let id = message_id.expect("clap: --rehearse conflicts with --ticket");
+        let r = replay::rehearse(pool, &names, &id, args.group.as_deref())
+            .await
+            .map_err(|e| match e {
+                replay::RehearseError::Db(e) => anyhow::Error::from(e),
+                other => UsageError(other.to_string()).into(),
+            })?;
+        render(&mut std::io::stdout().lock(), output, &r)?;
+        // A rehearsal that shows the replay would fail is the answer asked
+        // for, not an error of the command; it warns.
+        return Ok(match r.verdict {
+            replay::RehearsedVerdict::Fails(_) => Exit::Warn,
+            _ => Exit::Ok,
+        });
+    }
     let producer = RocketProducer::start(
         rt,
         &cfg.namesrv_addr,
@@ -529,13 +740,12 @@ async fn replay_one(
         cfg.mq.send_retries,
     )
     .await?;
-    let output = args.output;
     let exit = match (message_id, args.ticket) {
         (Some(message_id), _) => {
             let req = ReplayRequest {
                 message_id,
                 group: args.group,
-                reason: args.reason,
+                reason: args.reason.unwrap_or_default(),
                 operator,
                 dry_run: args.dry_run,
                 force: args.force,
@@ -549,7 +759,7 @@ async fn replay_one(
         (None, ticket) => {
             let req = BulkRequest {
                 ticket: ticket.expect("clap requires --ticket or --message-id"),
-                reason: args.reason,
+                reason: args.reason.unwrap_or_default(),
                 operator,
                 dry_run: args.dry_run,
                 force: args.force,

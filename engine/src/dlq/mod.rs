@@ -15,9 +15,12 @@
 //!   audit and verification.
 //! - [`entry`]: an entry's lifecycle as one pure state machine, and the
 //!   ticket that follows its entries.
+//! - [`discard`]: ends a dead message on purpose, fenced by its inbox row,
+//!   compensating an order message's reservation once.
 //! - [`verifier`]: the governor's pass that verifies entries whose effect
 //!   now exists, whoever produced it, and moves tickets after them.
 
+pub mod discard;
 pub mod entry;
 pub mod key;
 pub mod mirror;

@@ -183,6 +183,7 @@ pg_enum!(
         Sent => "SENT",
         Blocked => "BLOCKED",
         DryRun => "DRY_RUN",
+        Discarded => "DISCARDED",
     }
 );
 

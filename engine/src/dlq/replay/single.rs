@@ -325,7 +325,7 @@ pub(super) async fn prepare(
             (_, Some(why)) => format!("not replayed: {why}; nothing was sent"),
             (ReplayDecision::Blocked, None) => "blocked by a pre-check; nothing was sent".into(),
             (ReplayDecision::DryRun, None) => "dry run; nothing was sent".into(),
-            (ReplayDecision::Sent, None) => String::new(),
+            (ReplayDecision::Sent | ReplayDecision::Discarded, None) => String::new(),
         },
     };
     audit_open(pool, &replay_id, &report, req).await?;

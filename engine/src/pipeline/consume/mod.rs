@@ -24,6 +24,7 @@ pub use decide::{
     Decision, classify, classify_db_error, classify_sqlstate, db_failure_class, failure_class,
     may_be_one_message, verdict,
 };
+pub use tx::rehearse_in;
 
 use crate::domain::ids::{ActivityId, OrderId, SkuId};
 use crate::domain::message::{Malformed, OrderCreateRequested, parse_order_create};

@@ -52,37 +52,64 @@ pub(super) async fn process(
     if competing.is_empty() {
         return Ok(Vec::new());
     }
-    let ordered: Vec<&Parsed> = competing.iter().map(|&i| &msgs[i]).collect();
-
     // Step 0: BEGIN ISOLATION LEVEL READ COMMITTED.
     let mut tx = begin(pool, stats).await?;
+    let outcomes = steps(&mut tx, group, names, msgs, &competing).await?;
+    // Step 5: COMMIT; the handler ACKs only after this returns (§7.3).
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// Steps 1 to 4′ of [`process`] in `tx`, uncommitted: the same statements
+/// for a DLQ rehearsal, which rolls them back (docs/architecture.md §9.3).
+pub async fn rehearse_in(
+    tx: &mut Transaction<'static, Postgres>,
+    group: &str,
+    names: &Names,
+    msgs: &[Parsed],
+) -> Result<Vec<MessageOutcome>, ProcessError> {
+    let competing = plan::batch_order(
+        msgs,
+        |p| &p.msg.message_id,
+        |p| p.msg.reservation_created_at,
+    );
+    if competing.is_empty() {
+        return Ok(Vec::new());
+    }
+    steps(tx, group, names, msgs, &competing).await
+}
+
+async fn steps(
+    tx: &mut Transaction<'static, Postgres>,
+    group: &str,
+    names: &Names,
+    msgs: &[Parsed],
+    competing: &[usize],
+) -> Result<Vec<MessageOutcome>, ProcessError> {
+    let ordered: Vec<&Parsed> = competing.iter().map(|&i| &msgs[i]).collect();
     // Step 1: the inbox rows and the reservation claims.
-    let rows = inbox_and_claim(&mut tx, group, &ordered).await?;
+    let rows = inbox_and_claim(tx, group, &ordered).await?;
     let Some(tx_now) = rows.first().map(|r| r.tx_now) else {
         // Every message was consumed before: nothing was written.
-        tx.commit().await?;
         return Ok(vec![MessageOutcome::AlreadyProcessed; msgs.len()]);
     };
     let batch = Batch::claimed(group, names, &ordered, &rows, tx_now);
     // Pure, before any order exists: duplicates, rejections, candidates.
     let (screened, candidates) = screen(&batch)?;
     // Step 2: an order per candidate.
-    let (placed, mut decided) = place_orders(&mut tx, &batch, &candidates, screened).await?;
+    let (placed, mut decided) = place_orders(tx, &batch, &candidates, screened).await?;
     // Step 3: ledger, rejections, compensations, outbox, inbox.
-    write_side_rows(&mut tx, &batch, &placed, &decided).await?;
+    write_side_rows(tx, &batch, &placed, &decided).await?;
     // Step 4: the stock, last, so the hot row is locked only from here to
     // the end of the commit (§7.2).
-    let unserved = take_stock_last(&mut tx, &batch, &placed).await?;
+    let unserved = take_stock_last(tx, &batch, &placed).await?;
     // Step 4′: only when fewer units were granted than orders placed.
     if !unserved.is_empty() {
-        settle_shortfall(&mut tx, &batch, &placed, &unserved, &mut decided).await?;
+        settle_shortfall(tx, &batch, &placed, &unserved, &mut decided).await?;
     }
-    // Step 5: COMMIT; the handler ACKs only after this returns (§7.3).
-    tx.commit().await?;
-
     Ok(plan::in_input_order(
         msgs.len(),
-        &competing,
+        competing,
         &batch.fresh_pos,
         decided,
     ))
