@@ -88,6 +88,16 @@ pub struct DlqConfig {
     pub mirror_interval_ms: u64,
     /// Where to POST each new ticket (JSON, `Idempotency-Key: <ticket_id>`).
     pub webhook_url: Option<String>,
+    /// How long the broker keeps a dead message (its `fileReservedTime`,
+    /// 72 h by default): past it, the mirror is the only copy left, and the
+    /// replay pre-checks say so (docs/architecture.md §9.3).
+    pub broker_retention_hours: u64,
+}
+
+impl DlqConfig {
+    pub fn broker_retention(&self) -> Duration {
+        Duration::from_secs(self.broker_retention_hours.saturating_mul(3600))
+    }
 }
 
 impl Default for DlqConfig {
@@ -95,6 +105,7 @@ impl Default for DlqConfig {
         Self {
             mirror_interval_ms: 2_000,
             webhook_url: None,
+            broker_retention_hours: 72,
         }
     }
 }

@@ -19,6 +19,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The broker's default retention of dead messages (72 h).
+const RETENTION: Duration = Duration::from_secs(72 * 3600);
+
 /// The real order-create consumer on the real broker.
 async fn order_consumer(
     env: &seckill_tests::TestEnv,
@@ -199,6 +202,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             force,
             verify_within: Duration::from_secs(60),
             include_replayed: false,
+            retention: RETENTION,
         };
         let audits = || async {
             Ok::<i64, anyhow::Error>(
@@ -450,6 +454,7 @@ fn replaying_an_expired_reservation_warns_then_rejects_and_compensates_once() {
             force: vec![],
             verify_within: Duration::from_secs(60),
             include_replayed: false,
+            retention: RETENTION,
         };
         let r = replay(&env.pool, &env.names, &producer, &req).await?;
         consumer.shutdown().await;
@@ -597,6 +602,7 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
             canary: 2,
             verify_within: Duration::from_secs(60),
             include_replayed: false,
+            retention: RETENTION,
         };
         let r = replay_ticket(&env.pool, &env.names, &producer, &req(&bulk)).await?;
         assert_eq!((r.snapshot, r.halted.clone()), (30, None), "{r:#?}");
@@ -794,7 +800,8 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
         let (_, dead) = dead_entries(&env, FailureClass::DbDeadlock, activity, sku, 1).await?;
         let id = dead[0].message_id.clone();
         let group = env.names.group(TopicKind::OrderCreate);
-        let checks = seckill_engine::replay::precheck(&env.pool, &env.names, &group, &id).await?;
+        let checks =
+            seckill_engine::replay::precheck(&env.pool, &env.names, &group, &id, RETENTION).await?;
         let audits: i64 = sqlx::query_scalar("SELECT count(*) FROM replay_audit")
             .fetch_one(&env.pool)
             .await?;
@@ -806,9 +813,14 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
                 .all(|v| v.level != seckill_engine::CheckLevel::Block),
             "{checks:?}"
         );
-        let unknown =
-            seckill_engine::replay::precheck(&env.pool, &env.names, &group, &MessageId::generate())
-                .await;
+        let unknown = seckill_engine::replay::precheck(
+            &env.pool,
+            &env.names,
+            &group,
+            &MessageId::generate(),
+            RETENTION,
+        )
+        .await;
         assert!(
             unknown.is_err(),
             "an unknown message is an error, not an empty verdict"
@@ -828,6 +840,7 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
                 force: vec![],
                 verify_within: Duration::from_secs(1),
                 include_replayed: false,
+                retention: RETENTION,
             },
         )
         .await?;
@@ -934,6 +947,7 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
             force: vec![],
             verify_within: Duration::from_secs(within),
             include_replayed,
+            retention: RETENTION,
         };
         let early = replay(&env.pool, &env.names, &producer, &req("try it", 3, false)).await?;
         assert_eq!(
@@ -1003,6 +1017,7 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
                 canary: 1,
                 verify_within: Duration::from_secs(60),
                 include_replayed: false,
+                retention: RETENTION,
             },
         )
         .await?;

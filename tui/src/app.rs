@@ -191,13 +191,26 @@ async fn answer(
             Msg::TicketLoaded { ticket_id, result }
         }
         Effect::Precheck { group, message_id } => Msg::Verdicts {
-            result: replay::precheck(pool, &names, &group, &message_id)
-                .await
-                .map_err(|e| err(&e)),
+            result: replay::precheck(
+                pool,
+                &names,
+                &group,
+                &message_id,
+                cfg.dlq.broker_retention(),
+            )
+            .await
+            .map_err(|e| err(&e)),
             message_id,
         },
         Effect::DryRun { group, message_id } => {
-            let req = request(&group, message_id, "TUI dry run", operator, true);
+            let req = request(
+                &group,
+                message_id,
+                "TUI dry run",
+                operator,
+                true,
+                cfg.dlq.broker_retention(),
+            );
             Msg::DryRun(run_replay(cfg, rt, pool, &names, &req).await)
         }
         Effect::Replay {
@@ -205,7 +218,14 @@ async fn answer(
             message_id,
             reason,
         } => {
-            let req = request(&group, message_id, &reason, operator, false);
+            let req = request(
+                &group,
+                message_id,
+                &reason,
+                operator,
+                false,
+                cfg.dlq.broker_retention(),
+            );
             Msg::Replayed(run_replay(cfg, rt, pool, &names, &req).await)
         }
         Effect::Ack(ticket_id) => Msg::TicketChanged(
@@ -227,6 +247,7 @@ fn request(
     reason: &str,
     operator: &str,
     dry_run: bool,
+    retention: Duration,
 ) -> ReplayRequest {
     ReplayRequest {
         message_id,
@@ -239,6 +260,7 @@ fn request(
         // The operator picked this message on screen: a replay of it that
         // went out unverified may be sent again.
         include_replayed: true,
+        retention,
     }
 }
 

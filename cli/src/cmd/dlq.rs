@@ -751,6 +751,7 @@ async fn replay_one(
                 force: args.force,
                 verify_within: args.verify_within,
                 include_replayed: args.include_replayed,
+                retention: cfg.dlq.broker_retention(),
             };
             let result = replay::replay(pool, &names, &producer, &req).await;
             producer.shutdown().await;
@@ -767,6 +768,7 @@ async fn replay_one(
                 canary: args.canary,
                 verify_within: args.verify_within,
                 include_replayed: args.include_replayed,
+                retention: cfg.dlq.broker_retention(),
             };
             let result = replay::replay_ticket(pool, &names, &producer, &req).await;
             producer.shutdown().await;

@@ -33,6 +33,8 @@ pub struct BulkRequest {
     /// Entries replayed and verified one by one before the rest go.
     pub canary: usize,
     pub verify_within: Duration,
+    /// The broker's retention of dead messages (`[dlq] broker_retention_hours`).
+    pub retention: Duration,
 }
 
 /// Every entry of the snapshot with its outcome: nothing is dropped silently.
@@ -214,6 +216,7 @@ fn one(req: &BulkRequest, group: &str, id: &MessageId) -> ReplayRequest {
         force: req.force.clone(),
         verify_within: req.verify_within,
         include_replayed: req.include_replayed,
+        retention: req.retention,
     }
 }
 

@@ -130,6 +130,10 @@ pub enum SchemaError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Facts {
     pub mirrored: bool,
+    /// When the broker dead-lettered it, and how long the broker keeps a
+    /// dead message: past that, the mirror is the only copy left.
+    pub dead_at: DateTime<Utc>,
+    pub retention: Duration,
     pub kind: Option<TopicKind>,
     /// The inbox row of this group for the message: (status, result code).
     pub inbox: Option<(InboxStatus, Option<String>)>,
@@ -183,13 +187,7 @@ fn judge(f: &Facts, check: Check) -> (Level, String) {
         return (Level::Pass, "not applicable to this group".to_owned());
     }
     match check {
-        Check::Mirrored if f.mirrored => {
-            (Level::Pass, "body and topic kept in dlq_messages".into())
-        }
-        Check::Mirrored => (
-            Level::Block,
-            "not in the DLQ mirror; nothing to replay".into(),
-        ),
+        Check::Mirrored => retention(f),
         Check::Inbox => match &f.inbox {
             None => (
                 Level::Pass,
@@ -226,14 +224,70 @@ fn judge(f: &Facts, check: Check) -> (Level, String) {
             Err(why) => (Level::Block, format!("the body does not parse: {why}")),
         },
         Check::Validity => validity(f.valid_until, f.now),
-        Check::Idempotent => (
+        Check::Idempotent => idempotent(f),
+    }
+}
+
+/// The body must be in the mirror; past the broker's retention the mirror
+/// is the only copy left, which warns (keep the row: nothing can rebuild it).
+fn retention(f: &Facts) -> (Level, String) {
+    if !f.mirrored {
+        return (
+            Level::Block,
+            "no body in the DLQ mirror; nothing to replay".into(),
+        );
+    }
+    let kept_until = chrono::Duration::from_std(f.retention)
+        .ok()
+        .and_then(|r| f.dead_at.checked_add_signed(r));
+    match kept_until {
+        Some(until) if until > f.now => (
             Level::Pass,
-            match f.kind {
-                Some(TopicKind::OrderEvent) => {
-                    "the projection keeps only newer aggregate_versions".into()
+            format!(
+                "body kept in dlq_messages; the broker keeps its DLQ copy {} h more",
+                (until - f.now).num_hours()
+            ),
+        ),
+        _ => (
+            Level::Warn,
+            format!(
+                "dead {} h ago, past the broker's retention ({} h): the mirror is the only copy left; keep its row",
+                (f.now - f.dead_at).num_hours(),
+                f.retention.as_secs() / 3600
+            ),
+        ),
+    }
+}
+
+/// A replay is safe only into a consumer that recognises a message it
+/// applied: an inbox on `message_id` (every seckill group but the
+/// projection, which keeps only newer `aggregate_version`s). A group that
+/// is none of ours has no such guarantee, and blocks.
+fn idempotent(f: &Facts) -> (Level, String) {
+    match f.kind {
+        None => (
+            Level::Block,
+            "not a seckill consumer group: nothing says a replay would be applied once".into(),
+        ),
+        Some(TopicKind::OrderEvent) => (
+            Level::Pass,
+            "the projection applies only newer aggregate_versions (no inbox needed)".into(),
+        ),
+        Some(k) if k.has_inbox() => (
+            Level::Pass,
+            format!(
+                "the {} consumer keeps an inbox on message_id ({})",
+                k.base_name(),
+                if f.inbox.is_some() {
+                    "it holds this one: see the inbox check"
+                } else {
+                    "no row for this one yet"
                 }
-                _ => "the only consumer group keeps an inbox on message_id".into(),
-            },
+            ),
+        ),
+        Some(k) => (
+            Level::Block,
+            format!("the {} consumer keeps no inbox", k.base_name()),
         ),
     }
 }
@@ -286,6 +340,8 @@ mod tests {
         let now = Utc::now();
         Facts {
             mirrored: true,
+            dead_at: now - chrono::Duration::minutes(5),
+            retention: Duration::from_secs(72 * 3600),
             kind: Some(TopicKind::OrderCreate),
             inbox: None,
             order_status: None,
@@ -415,5 +471,66 @@ mod tests {
         };
         let v = verdicts(&f, &[]);
         assert_eq!(decide(&v, false), ReplayDecision::Sent, "{v:#?}");
+    }
+
+    #[test]
+    fn retention_passes_warns_past_the_broker_keeping_it_and_blocks_without_a_body() {
+        let now = Utc::now();
+        let v = verdicts(&fresh(), &[]);
+        assert_eq!(level(&v, Check::Mirrored), Level::Pass);
+        assert!(
+            evidence(&v, Check::Mirrored).contains("71 h more"),
+            "{v:#?}"
+        );
+        let old = Facts {
+            dead_at: now - chrono::Duration::hours(80),
+            ..fresh()
+        };
+        let v = verdicts(&old, &[]);
+        assert_eq!(level(&v, Check::Mirrored), Level::Warn);
+        assert!(evidence(&v, Check::Mirrored).contains("the mirror is the only copy left"));
+        assert_eq!(
+            decide(&v, false),
+            ReplayDecision::Sent,
+            "a warning never blocks"
+        );
+        let empty = Facts {
+            mirrored: false,
+            ..fresh()
+        };
+        assert_eq!(level(&verdicts(&empty, &[]), Check::Mirrored), Level::Block);
+    }
+
+    #[test]
+    fn idempotency_passes_for_an_inbox_or_versions_and_blocks_an_unknown_group() {
+        for kind in [
+            TopicKind::OrderCreate,
+            TopicKind::OrderTimeout,
+            TopicKind::InventoryCompensate,
+        ] {
+            let f = Facts {
+                kind: Some(kind),
+                ..fresh()
+            };
+            let v = verdicts(&f, &[]);
+            assert_eq!(level(&v, Check::Idempotent), Level::Pass, "{kind:?}");
+            assert!(evidence(&v, Check::Idempotent).contains("inbox"));
+        }
+        let f = Facts {
+            kind: Some(TopicKind::OrderEvent),
+            ..fresh()
+        };
+        assert!(evidence(&verdicts(&f, &[]), Check::Idempotent).contains("aggregate_version"));
+        let unknown = Facts {
+            kind: None,
+            ..fresh()
+        };
+        let v = verdicts(&unknown, &[Check::Idempotent]);
+        assert_eq!(
+            level(&v, Check::Idempotent),
+            Level::Block,
+            "never forceable"
+        );
+        assert_eq!(decide(&v, false), ReplayDecision::Blocked);
     }
 }

@@ -41,6 +41,8 @@ pub struct ReplayRequest {
     /// Send again an entry whose earlier replay went out and was not
     /// verified (REPLAYED, or REPLAYING after an unknown send).
     pub include_replayed: bool,
+    /// The broker's retention of dead messages (`[dlq] broker_retention_hours`).
+    pub retention: Duration,
 }
 
 /// The answer: the verdict table, the decision and how it ended.
@@ -95,6 +97,7 @@ pub enum ReplayError {
 #[derive(sqlx::FromRow)]
 struct Entry {
     status: DlqEntryStatus,
+    dead_at: DateTime<Utc>,
     consumer_group: String,
     ticket_id: Option<TicketId>,
     original_topic: String,
@@ -118,6 +121,7 @@ async fn gather(
     group: &str,
     message_id: &MessageId,
     e: &Entry,
+    retention: Duration,
 ) -> Result<Facts, sqlx::Error> {
     let kind = kind_of(names, group);
     let body: serde_json::Value = serde_json::from_slice(&e.body).unwrap_or_default();
@@ -149,7 +153,10 @@ async fn gather(
         .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
         .map(|t| t.with_timezone(&Utc));
     Ok(Facts {
-        mirrored: true,
+        // The mirror keeps what it read: an empty body is nothing to send.
+        mirrored: !e.body.is_empty(),
+        dead_at: e.dead_at,
+        retention,
         kind,
         inbox,
         order_status,
@@ -252,9 +259,10 @@ pub async fn precheck(
     names: &Names,
     group: &str,
     message_id: &MessageId,
+    retention: Duration,
 ) -> Result<Vec<Verdict>, ReplayError> {
     let entry: Entry = sqlx::query_as(
-        "SELECT status, consumer_group, ticket_id, original_topic, body, properties, replay_count
+        "SELECT status, dead_at, consumer_group, ticket_id, original_topic, body, properties, replay_count
          FROM dlq_messages WHERE message_id = $1 AND consumer_group = $2",
     )
     .bind(message_id)
@@ -262,7 +270,7 @@ pub async fn precheck(
     .fetch_optional(pool)
     .await?
     .ok_or_else(|| ReplayError::Unknown(message_id.clone()))?;
-    let facts = gather(pool, names, group, message_id, &entry).await?;
+    let facts = gather(pool, names, group, message_id, &entry, retention).await?;
     Ok(verdicts(&facts, &[]))
 }
 
@@ -273,7 +281,7 @@ pub(super) async fn prepare(
     req: &ReplayRequest,
 ) -> Result<Prepared, ReplayError> {
     let mut entries: Vec<Entry> = sqlx::query_as(
-        "SELECT status, consumer_group, ticket_id, original_topic, body, properties, replay_count
+        "SELECT status, dead_at, consumer_group, ticket_id, original_topic, body, properties, replay_count
          FROM dlq_messages WHERE message_id = $1 AND ($2::text IS NULL OR consumer_group = $2)",
     )
     .bind(&req.message_id)
@@ -294,7 +302,7 @@ pub(super) async fn prepare(
         .pop()
         .ok_or_else(|| ReplayError::Unknown(req.message_id.clone()))?;
     let group = entry.consumer_group.clone();
-    let facts = gather(pool, names, &group, &req.message_id, &entry).await?;
+    let facts = gather(pool, names, &group, &req.message_id, &entry, req.retention).await?;
     let checks = verdicts(&facts, &req.force);
     let mut decision = decide(&checks, req.dry_run);
     // The entry's own state may refuse what the checks allow (dlq::entry).
@@ -553,6 +561,7 @@ mod tests {
     fn a_replay_keeps_the_original_message_id_and_adds_the_lineage() {
         let e = Entry {
             status: DlqEntryStatus::Dead,
+            dead_at: Utc::now(),
             consumer_group: "G".into(),
             ticket_id: None,
             original_topic: "T".into(),
