@@ -1229,3 +1229,200 @@ fn a_discard_is_fenced_compensates_an_order_message_once_and_is_audited() {
         Ok(())
     });
 }
+
+#[test]
+fn two_operators_replaying_one_ticket_at_once_send_each_entry_once() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(20), SkuId(6));
+        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+            .bind(activity)
+            .execute(&env.pool)
+            .await?;
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 50, 50)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        const N: usize = 10;
+        let (ticket, _) =
+            dead_entries(&env, FailureClass::DbSerialization, activity, sku, N).await?;
+        let kind = TopicKind::OrderCreate;
+        let consumer = order_consumer(
+            &env,
+            ConsumerSpec::new(env.names.group(kind), env.names.topic(kind)),
+        )
+        .await?;
+        let producer = Timed {
+            inner: producer(&env).await?,
+            at: Default::default(),
+        };
+        let req = |operator: &str| BulkRequest {
+            ticket: ticket.clone(),
+            reason: "serialization storm over".into(),
+            operator: operator.into(),
+            dry_run: false,
+            force: vec![],
+            rate_per_s: 50.0,
+            canary: 1,
+            verify_within: Duration::from_secs(60),
+            include_replayed: false,
+            retention: RETENTION,
+        };
+        let (alice, bob) = (req("alice"), req("bob"));
+        let (a, b) = tokio::join!(
+            replay_ticket(&env.pool, &env.names, &producer, &alice),
+            replay_ticket(&env.pool, &env.names, &producer, &bob),
+        );
+        let (a, b) = (a?, b?);
+        consumer.shutdown().await;
+        producer.inner.shutdown().await;
+        assert_eq!(
+            producer.at.lock().unwrap().len(),
+            N,
+            "each entry sent once: {a:#?} {b:#?}"
+        );
+        let sent = |r: &seckill_engine::BulkReport| {
+            r.entries
+                .iter()
+                .filter(|e| e.decision == ReplayDecision::Sent)
+                .count()
+        };
+        assert_eq!(sent(&a) + sent(&b), N);
+        let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+            .fetch_one(&env.pool)
+            .await?;
+        assert_eq!(orders, N as i64);
+        // The verifier settles whatever either run left REPLAYED.
+        seckill_engine::verifier::verify_once(&env.pool, &env.names).await?;
+        let t = tickets::get_ticket(&env.pool, &ticket)
+            .await?
+            .expect("ticket");
+        assert_eq!((t.status, t.dead), (TicketStatus::Verified, 0), "{t:?}");
+        Ok(())
+    });
+}
+
+/// docs/architecture.md §13.5 / seed §29.2 #6: a replay of a message while the broker
+/// redelivers the same message. 50 rounds at once: each message fails its
+/// first delivery (a gate refuses every order), the broker schedules its
+/// redelivery (about 10 s later), and meanwhile the gate opens and an
+/// operator replays the ticket, spread over 15 s so the replays and the
+/// redeliveries overlap. Exactly one business effect per message.
+#[test]
+fn a_replay_racing_the_brokers_redelivery_has_one_effect_50_rounds() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(21), SkuId(7));
+        sqlx::query("INSERT INTO activities (activity_id, valid_for_ms, pay_within_ms) VALUES ($1, 300000, 900000)")
+            .bind(activity)
+            .execute(&env.pool)
+            .await?;
+        sqlx::query("INSERT INTO inventory (activity_id, sku_id, total_stock, available_stock) VALUES ($1, $2, 100, 100)")
+            .bind(activity)
+            .bind(sku)
+            .execute(&env.pool)
+            .await?;
+        sqlx::raw_sql(
+            "CREATE TABLE gate (closed boolean NOT NULL); INSERT INTO gate VALUES (true);
+             CREATE FUNCTION gate() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF (SELECT closed FROM gate) THEN RAISE EXCEPTION 'gate closed'; END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER gate BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION gate();",
+        )
+        .execute(&env.pool)
+        .await?;
+        const N: usize = 50;
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        env.admin.ensure_group(&group, 5).await?;
+        let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
+        spec.max_reconsume_times = 5;
+        // One message per batch: a batch failing on the gate retries alone.
+        spec.batch_max = 1;
+        let consumer = order_consumer(&env, spec).await?;
+        let producer = producer(&env).await?;
+        // The messages, mirrored as dead under one ticket as the governor
+        // would have (they are in the retry topic, not yet dead: the race).
+        let (ticket, msgs) = dead_entries(&env, FailureClass::DbTimeout, activity, sku, N).await?;
+        for m in &msgs {
+            let sent = producer
+                .send(to_outgoing(m, &topic), Duration::from_secs(3))
+                .await;
+            ensure!(sent.is_confirmed(), "{sent:?}");
+        }
+        eventually(Duration::from_secs(60), "every first delivery failed", || async {
+            let failed: i64 = sqlx::query_scalar(
+                "SELECT count(DISTINCT message_id) FROM consumer_failures WHERE consumer_group = $1",
+            )
+            .bind(&group)
+            .fetch_one(&env.pool)
+            .await?;
+            Ok((failed as usize >= N).then_some(()))
+        })
+        .await?;
+        sqlx::query("UPDATE gate SET closed = false")
+            .execute(&env.pool)
+            .await?;
+        let report = replay_ticket(
+            &env.pool,
+            &env.names,
+            &producer,
+            &BulkRequest {
+                ticket: ticket.clone(),
+                reason: "gate open".into(),
+                operator: "test".into(),
+                dry_run: false,
+                force: vec![],
+                rate_per_s: N as f64 / 15.0,
+                canary: 0,
+                verify_within: Duration::from_secs(90),
+                include_replayed: false,
+                retention: RETENTION,
+            },
+        )
+        .await?;
+        // Both copies are decided: every message has its effect once.
+        let n = |sql: &'static str| {
+            let pool = env.pool.clone();
+            async move { Ok::<i64, anyhow::Error>(sqlx::query_scalar(sql).fetch_one(&pool).await?) }
+        };
+        eventually(
+            Duration::from_secs(90),
+            "every redelivery consumed",
+            || async {
+                let lag = env.admin.lag(&topic, &group).await?;
+                let retry = env
+                    .admin
+                    .lag(&seckill_engine::retry_topic(&group), &group)
+                    .await
+                    .map(|l| l.messages)
+                    .unwrap_or(0);
+                Ok((lag.messages == 0 && retry == 0).then_some(()))
+            },
+        )
+        .await?;
+        consumer.shutdown().await;
+        producer.shutdown().await;
+        assert_eq!(
+            n("SELECT count(*) FROM orders").await?,
+            N as i64,
+            "{report:#?}"
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM inventory_ledger").await?,
+            N as i64,
+            "one stock movement per message"
+        );
+        assert_eq!(
+            n("SELECT available_stock FROM inventory").await?,
+            100 - N as i64
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM consumer_inbox WHERE status = 'SUCCEEDED'").await?,
+            N as i64
+        );
+        assert_eq!(n("SELECT count(*) FROM compensation_tasks").await?, 0);
+        Ok(())
+    });
+}

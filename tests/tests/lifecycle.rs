@@ -922,3 +922,70 @@ fn the_outbox_publisher_claims_once_resends_unknown_with_the_same_id_and_sends_t
         Ok(())
     });
 }
+
+#[test]
+fn twenty_payers_against_twenty_cancellers_on_one_order_100_times_one_winner() {
+    run(Setup::Full, |env| async move {
+        const ROUNDS: i64 = 100;
+        const EACH: usize = 20;
+        seed_sold_out(&env, ROUNDS).await?;
+        let mut canceled_rounds = 0;
+        for round in 0..ROUNDS {
+            let id = insert_order(&env, 5_000 + round, ChronoDuration::minutes(10)).await?;
+            let barrier = Arc::new(Barrier::new(2 * EACH));
+            let mut pays = Vec::new();
+            let mut cancels = Vec::new();
+            for k in 0..EACH {
+                let (pool, names, b, order) = (
+                    env.pool.clone(),
+                    env.names.clone(),
+                    barrier.clone(),
+                    id.clone(),
+                );
+                pays.push(tokio::spawn(async move {
+                    b.wait().await;
+                    jitter(20).await;
+                    order::pay(&pool, &names, &order, &format!("pay_{k}")).await
+                }));
+                let (pool, names, b, order) = (
+                    env.pool.clone(),
+                    env.names.clone(),
+                    barrier.clone(),
+                    id.clone(),
+                );
+                cancels.push(tokio::spawn(async move {
+                    b.wait().await;
+                    jitter(20).await;
+                    order::cancel(&pool, &names, &order, CancelMode::Now, "race").await
+                }));
+            }
+            let (mut paid, mut canceled) = (0, 0);
+            for p in pays {
+                paid += matches!(p.await??, PayOutcome::Paid { .. }) as i64;
+            }
+            for c in cancels {
+                canceled += matches!(c.await??, CancelOutcome::Canceled { .. }) as i64;
+            }
+            ensure!(
+                paid + canceled == 1,
+                "round {round}: {paid} payment(s) and {canceled} cancel(s) won; exactly one must"
+            );
+            canceled_rounds += canceled;
+        }
+        // The stock came back exactly once per canceled order, and only then.
+        assert_eq!(
+            count(&env, "SELECT available_stock FROM inventory").await?,
+            canceled_rounds
+        );
+        assert_eq!(
+            count(
+                &env,
+                "SELECT count(*) FROM event_outbox WHERE tag = 'RELEASE_RESERVATION'"
+            )
+            .await?,
+            canceled_rounds
+        );
+        check_books(&env).await?;
+        Ok(())
+    });
+}
