@@ -92,6 +92,10 @@ pub struct DlqConfig {
     /// 72 h by default): past it, the mirror is the only copy left, and the
     /// replay pre-checks say so (docs/architecture.md §9.3).
     pub broker_retention_hours: u64,
+    /// Owner routing: error class → team (`[dlq.owners] DB_TIMEOUT =
+    /// "dba"`). A new ticket of that class is owned by the team at once,
+    /// and the webhook tells its tracker so (docs/architecture.md §9.2).
+    pub owners: std::collections::BTreeMap<String, String>,
 }
 
 impl DlqConfig {
@@ -106,6 +110,7 @@ impl Default for DlqConfig {
             mirror_interval_ms: 2_000,
             webhook_url: None,
             broker_retention_hours: 72,
+            owners: Default::default(),
         }
     }
 }

@@ -749,27 +749,36 @@ async fn flaky_tracker() -> anyhow::Result<(String, Arc<std::sync::Mutex<Vec<Str
 }
 
 #[test]
-fn a_new_ticket_is_posted_to_the_webhook_once_delivered_with_its_id_as_the_idempotency_key() {
+fn every_ticket_transition_is_posted_once_in_order_and_a_routed_owner_travels_with_it() {
     run(Setup::Full, |env| async move {
         let group = env.names.group(TopicKind::OrderCreate);
         sqlx::query("INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class) VALUES ('tkt_hook', $1, 'DB_TIMEOUT')")
             .bind(&group)
             .execute(&env.pool)
             .await?;
+        // Owner routing: DB_TIMEOUT belongs to the DBAs.
+        let owners = [("DB_TIMEOUT".to_owned(), "dba".to_owned())].into();
+        let routed = tickets::route_owners(&env.pool, &owners).await?;
+        assert_eq!(routed.len(), 1);
+        assert_eq!(routed[0].1, "dba");
         let (url, seen) = flaky_tracker().await?;
         let http = reqwest::Client::new();
         let delivered = seckill_engine::webhook::deliver_pending(&env.pool, &http, &url).await?;
-        assert_eq!(delivered, 1);
+        assert_eq!(delivered, 1, "the opening");
         let requests = seen.lock().unwrap().clone();
         assert_eq!(requests.len(), 2, "one failure, one retry");
         for r in &requests {
             assert!(
-                r.to_ascii_lowercase().contains("idempotency-key: tkt_hook"),
+                r.to_ascii_lowercase()
+                    .contains("idempotency-key: tkt_hook/"),
                 "{r}"
             );
             assert!(
                 r.contains(r#""ticket_id":"tkt_hook""#)
-                    && r.contains(r#""error_class":"DB_TIMEOUT""#),
+                    && r.contains(r#""error_class":"DB_TIMEOUT""#)
+                    && r.contains(r#""from_status":null"#)
+                    && r.contains(r#""status":"OPEN""#)
+                    && r.contains(r#""owner":"dba""#),
                 "{r}"
             );
         }
@@ -779,12 +788,36 @@ fn a_new_ticket_is_posted_to_the_webhook_once_delivered_with_its_id_as_the_idemp
         .fetch_one(&env.pool)
         .await?;
         assert_eq!(status.as_deref(), Some("DELIVERED 200"));
-        // Delivered tickets are not posted again.
+        // Delivered events are not posted again.
         assert_eq!(
             seckill_engine::webhook::deliver_pending(&env.pool, &http, &url).await?,
             0
         );
-        assert_eq!(seen.lock().unwrap().len(), 2);
+        // Each move is one more post, in order.
+        sqlx::query("UPDATE dlq_tickets SET status = 'ACKED' WHERE ticket_id = 'tkt_hook'")
+            .execute(&env.pool)
+            .await?;
+        sqlx::query("UPDATE dlq_tickets SET status = 'FIXED' WHERE ticket_id = 'tkt_hook'")
+            .execute(&env.pool)
+            .await?;
+        assert_eq!(
+            seckill_engine::webhook::deliver_pending(&env.pool, &http, &url).await?,
+            2
+        );
+        let requests = seen.lock().unwrap().clone();
+        assert_eq!(requests.len(), 4);
+        assert!(
+            requests[2].contains(r#""from_status":"OPEN""#)
+                && requests[2].contains(r#""status":"ACKED""#),
+            "{}",
+            requests[2]
+        );
+        assert!(
+            requests[3].contains(r#""from_status":"ACKED""#)
+                && requests[3].contains(r#""status":"FIXED""#),
+            "{}",
+            requests[3]
+        );
         Ok(())
     });
 }

@@ -72,18 +72,21 @@ where
     }
 }
 
-/// The DLQ governor (docs/architecture.md §9.1): mirrors every seckill group's DLQ
-/// into `dlq_messages` and tickets, every `every`.
+/// The DLQ governor (docs/architecture.md §9.1, §9.2): every
+/// `mirror_interval_ms` it mirrors every seckill group's DLQ into
+/// `dlq_messages` and tickets, routes new tickets to their owners, verifies
+/// what now has its effect, and posts ticket transitions to the webhook.
 pub(super) fn spawn_dlq_governor(
     admin: RocketAdmin,
     pool: sqlx::PgPool,
     names: Names,
-    webhook: Option<String>,
-    every: Duration,
+    cfg: crate::config::DlqConfig,
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) {
     let http = reqwest::Client::new();
+    let every = Duration::from_millis(cfg.mirror_interval_ms.max(100));
+    let (owners, webhook) = (cfg.owners, cfg.webhook_url);
     tracker.spawn(async move {
         loop {
             tokio::select! {
@@ -92,6 +95,14 @@ pub(super) fn spawn_dlq_governor(
             }
             if let Err(e) = crate::dlq::mirror_once(&admin, &pool, &names).await {
                 tracing::warn!(error = %e, "DLQ mirror pass failed; retrying next interval");
+            }
+            match crate::dlq::tickets::route_owners(&pool, &owners).await {
+                Ok(routed) => {
+                    for (ticket, team) in routed {
+                        tracing::info!(ticket_id = %ticket, owner = %team, "ticket routed to its owner ([dlq] owners)");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "ticket owner routing failed; retrying next interval"),
             }
             // After the mirror, so an entry that died again is DEAD before
             // its effect is looked for (docs/architecture.md §9.2).

@@ -355,8 +355,7 @@ async fn start_safety_nets(
         admin,
         ctx.pool.clone(),
         ctx.names.clone(),
-        cfg.dlq.webhook_url.clone(),
-        Duration::from_millis(cfg.dlq.mirror_interval_ms.max(100)),
+        cfg.dlq.clone(),
         &ctx.tracker,
         ctx.cancel.clone(),
     );

@@ -215,6 +215,33 @@ pub async fn apply(
         .ok_or_else(|| TicketError::Unknown(id.clone()))?)
 }
 
+/// Gives every ownerless live ticket of a routed error class to its team
+/// (`[dlq] owners`). Returns the tickets routed; a class that names no
+/// error class is reported once per call, never routed.
+pub async fn route_owners(
+    pool: &PgPool,
+    owners: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<(TicketId, String)>, sqlx::Error> {
+    let mut routed = Vec::new();
+    for (class, team) in owners {
+        let Some(class) = FailureClass::ALL.iter().find(|c| c.as_str() == class) else {
+            tracing::warn!(class = %class, "[dlq] owners names no error class; one of {:?}", FailureClass::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>());
+            continue;
+        };
+        let ids: Vec<TicketId> = sqlx::query_scalar(
+            "UPDATE dlq_tickets SET owner = $2, updated_at = now()
+             WHERE error_class = $1 AND owner IS NULL AND status <> 'CLOSED'
+             RETURNING ticket_id",
+        )
+        .bind(class)
+        .bind(team)
+        .fetch_all(pool)
+        .await?;
+        routed.extend(ids.into_iter().map(|t| (t, team.clone())));
+    }
+    Ok(routed)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     #[error(transparent)]
