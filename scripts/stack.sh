@@ -114,6 +114,16 @@ broker_up() {
     log "the broker's store predates 100 ms timer slots; it keeps 1 s ones"
   fi
   echo "$precision" > "$home/timer-precision-ms"
+  # Consume-queue files of 120 KB, not 6 MB: every test creates its own
+  # topics, and at the default the store grew by gigabytes per test run
+  # until the broker refused writes for lack of disk. Also part of the
+  # store's format: a store made before keeps the default.
+  local cq_size=120000
+  if [ -d "$home/store/consumequeue" ] && [ ! -f "$home/cq-mapped-file-size" ]; then
+    cq_size=6000000
+    log "the broker's store predates 120 KB consume-queue files; it keeps 6 MB ones (remove $home/store to shrink it)"
+  fi
+  echo "$cq_size" > "$home/cq-mapped-file-size"
   cat > "$home/broker.toml" <<TOML
 [broker]
 namesrvAddr = "127.0.0.1:$NAMESRV_PORT"
@@ -145,6 +155,7 @@ haListenPort = 10912
 timerSourceBatchMessages = 4096
 timerDueBatchMessages = 4096
 timerPrecisionMs = $precision
+mappedFileSizeConsumeQueue = $cq_size
 TOML
   log "starting rocketmq broker"
   ROCKETMQ_HOME="$home" nohup "$BROKER_BIN" -c "$home/broker.toml" >"$home/broker.log" 2>&1 &

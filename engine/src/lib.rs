@@ -12,16 +12,16 @@
 //! | layer | folder | what lives there |
 //! |---|---|---|
 //! | surface | `daemon/` | `seckillctl engine run`: every component started and stopped in one place; HTTP (`api` bodies, `http` handlers), `/metrics`, the governor's tick |
-//! | operations | `dlq/` | the mirror of `%DLQ%` groups, tickets, the webhook, guarded replay |
-//! | | `ops/` | activities, the reconcile of the invariants, pipeline facts, reservation status |
+//! | operations | `dlq/` | the mirror of `%DLQ%` groups, the entry state machine and its verifier, tickets, the webhook, guarded replay, rehearsal, discard |
+//! | | `ops/` | activities, the reconcile of the invariants, pipeline facts, reservation status, Redis state survey and restore |
 //! | | `observe/` | samples of every component, the history and pure views the CLI, TUI and governor share, health probes |
 //! | stages | `pipeline/` | ingress, publish, scan, consume, outbox, order, lifecycle consumers, adaptive concurrency |
-//! | adapters | `reservation/` | the Redis Lua scripts and the reservation store |
+//! | adapters | `reservation/` | the Redis Lua scripts, the reservation store, the epoch and restore of an activity's Redis state |
 //! | | `mq/` | the message-queue boundary and its rocketmq-rust implementation |
 //! | | `store/` | the PostgreSQL pool (migrations, schema guard) and the Redis connection |
 //! | setup | `config.rs`, `runtime.rs` | layered configuration; the process's one runtime |
 //! | vocabulary | `domain/` | ids, statuses, message bodies, counters and the stats view, the clock |
-//! | | `decide/` | pure decisions: backlog, scale, alerts, admission |
+//! | | `decide/` | pure decisions: backlog, scale, alerts, admission, the send circuit, stalls, Redis state |
 //!
 //! # The face
 //!

@@ -296,6 +296,7 @@ haListenPort = {ha}
 timerSourceBatchMessages = 4096
 timerDueBatchMessages = 4096
 timerPrecisionMs = 100
+mappedFileSizeConsumeQueue = 120000
 "#,
         namesrv = ports.namesrv(),
         port = ports.broker(),
