@@ -157,6 +157,7 @@ where
 
         let result = start(setup, &cfg, rt.clone(), token.clone(), body).await;
         cleanup(&admin_pool, &db_name, &cfg).await;
+        drop_topics(&cfg, rt.clone()).await;
         admin_pool.close().await;
         result
     })
@@ -226,6 +227,23 @@ async fn cleanup(admin_pool: &PgPool, db_name: &str, cfg: &Config) {
             let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await;
         }
     }
+}
+
+/// Deletes this test's topics (its retry and DLQ topics too) from the
+/// broker: each queue preallocates its consume-queue file, and a test
+/// suite's worth of topics left behind filled the disk until the broker
+/// refused writes. Best effort, bounded: a test's verdict never depends on it.
+async fn drop_topics(cfg: &Config, rt: Arc<ClientRuntime>) {
+    let Ok(admin) = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await else {
+        return;
+    };
+    if let Err(e) = admin.delete_topics_containing(&cfg.topic_prefix).await {
+        eprintln!(
+            "could not delete the test's topics ({}): {e}",
+            cfg.topic_prefix
+        );
+    }
+    admin.shutdown().await;
 }
 
 /// Polls `probe` until it returns `Some`, or fails after `limit` naming `what`.

@@ -533,6 +533,44 @@ impl RocketAdmin {
         Ok(())
     }
 
+    /// Deletes from every master broker the topics whose name contains
+    /// `needle` (a test's or drill's own prefix, which its retry and DLQ
+    /// topics carry too), so their consume-queue files go with them.
+    /// Returns how many it deleted.
+    pub async fn delete_topics_containing(&self, needle: &str) -> Result<usize, MqError> {
+        if needle.is_empty() {
+            return Ok(0);
+        }
+        let all = bounded(
+            "list topics",
+            self.timeout,
+            self.inner.fetch_all_topic_list(),
+        )
+        .await?;
+        let doomed: Vec<cheetah_string::CheetahString> = all
+            .topic_list
+            .into_iter()
+            .filter(|t| t.as_str().contains(needle))
+            .collect();
+        if doomed.is_empty() {
+            return Ok(0);
+        }
+        let addrs: std::collections::HashSet<cheetah_string::CheetahString> = self
+            .master_addrs()
+            .await?
+            .into_iter()
+            .map(cheetah_string::CheetahString::from)
+            .collect();
+        let n = doomed.len();
+        bounded(
+            "delete topics",
+            self.timeout,
+            self.inner.delete_topic_in_broker_list(addrs, doomed),
+        )
+        .await?;
+        Ok(n)
+    }
+
     /// Creates or updates the consumer group on every master broker.
     pub async fn ensure_group(&self, group: &str, retry_max_times: i32) -> Result<(), MqError> {
         for addr in self.master_addrs().await? {
