@@ -50,11 +50,19 @@ log "seckillctl reconcile --activity $activity"
 "$ctl" --config "$conf" reconcile --activity "$activity"
 
 # The operator's view after the burst. A firing alert here (say, cancel
-# lag from slow broker timers) is information, not a demo failure.
+# lag from slow broker timers) is information, not a demo failure. The
+# engine's figures need a reader token (docs/security.md); the demo issues
+# one and revokes it at the end (a failed demo leaves it: `auth token
+# list`). The bench issued and revoked its own.
 export SECKILL_ENGINE_URL="http://127.0.0.1:$PORT"
+SECKILL_TOKEN=$("$ctl" --config "$conf" auth token create --name "demo-reader-$activity" --role reader | tail -n 1)
+export SECKILL_TOKEN
+
 log "seckillctl backlog"
 "$ctl" --config "$conf" backlog
 log "seckillctl health"
 "$ctl" --config "$conf" health || log "health exited $? (0 ok, 1 warn, 2 critical, 3 unreachable): see the alerts and runbooks above"
+
+"$ctl" --config "$conf" auth token revoke --name "demo-reader-$activity" --reason "demo ended" >/dev/null
 
 log "demo finished in $((SECONDS - started)) s"

@@ -17,6 +17,10 @@ pub enum Exit {
     Violation = 5,
     /// Bad input the user can fix: a flag, an id, a config file.
     Usage = 64,
+    /// Refused for want of permission: no token, an unknown or revoked
+    /// one, a role too low for the action (the daemon's 401 and 403), or a
+    /// read-only CLI (docs/security.md). Sysexits' EX_NOPERM.
+    NoPerm = 77,
     /// Anything else that went wrong.
     Failure = 70,
 }
@@ -52,6 +56,9 @@ impl Exit {
             if cause.downcast_ref::<UsageError>().is_some() {
                 return Exit::Usage;
             }
+            if cause.downcast_ref::<Refused>().is_some() {
+                return Exit::NoPerm;
+            }
         }
         Exit::Failure
     }
@@ -82,3 +89,8 @@ impl Exit {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct UsageError(pub String);
+
+/// An action refused for want of permission (exit 77), with what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);

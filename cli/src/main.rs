@@ -2,10 +2,12 @@
 //!
 //! Layout: `settings` layers the config, `cmd::*` holds one module per
 //! subcommand (each returns data), `drill` runs the incident drills,
-//! `parse` reads durations and rates,
+//! `parse` reads durations and rates, `access` says who the CLI acts as
+//! and whether it may,
 //! `output` renders tables or JSON, and `exit` maps errors to exit codes in
 //! one place.
 
+mod access;
 mod cmd;
 mod drill;
 mod exit;
@@ -80,6 +82,12 @@ enum Command {
     /// The engine daemon
     #[command(subcommand)]
     Engine(cmd::engine::EngineCmd),
+    /// Bearer tokens for the engine's API (docs/security.md)
+    #[command(subcommand)]
+    Auth(cmd::auth::AuthCmd),
+    /// The operator audit log: who changed what, before and after
+    #[command(subcommand)]
+    Audit(cmd::audit::AuditCmd),
     /// Incident drills against private servers: list, run NAME…|all|ci (docs/architecture.md §13.5)
     #[command(subcommand)]
     Drill(cmd::drill::DrillCmd),
@@ -153,6 +161,8 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
             Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Engine(c) => cmd::engine::run(c, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Auth(c) => cmd::auth::run(c, &cfg).await.map(|()| Exit::Ok),
+            Command::Audit(c) => cmd::audit::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Drill(c) => cmd::drill::run(c, &cfg, rt).await,
             Command::Tui(a) => cmd::tui::run(a, &cfg, rt).await.map(|()| Exit::Ok),
         }

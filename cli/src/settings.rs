@@ -15,6 +15,9 @@ pub const ENV_NAMESRV_ADDR: &str = "SECKILL_NAMESRV_ADDR";
 pub const ENV_TOPIC_PREFIX: &str = "SECKILL_TOPIC_PREFIX";
 pub const ENV_CONFIG: &str = "SECKILL_CONFIG";
 pub const ENV_ENGINE_URL: &str = "SECKILL_ENGINE_URL";
+/// The bearer token for the engine's API (docs/security.md); `[auth]
+/// token_file` names a file holding it instead.
+pub const ENV_TOKEN: &str = "SECKILL_TOKEN";
 
 /// Flags that override everything else.
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -37,6 +40,9 @@ pub struct ConfigFlags {
     /// A running engine's HTTP address, for engine-side figures [env SECKILL_ENGINE_URL]
     #[arg(long, global = true, value_name = "URL")]
     pub engine_url: Option<String>,
+    /// Refuse every mutation (also `[auth] readonly = true`)
+    #[arg(long, global = true)]
+    pub readonly: bool,
 }
 
 /// Builds the config from the real process environment and the working directory.
@@ -80,8 +86,32 @@ pub fn layer(flags: &ConfigFlags, env: &HashMap<String, String>, cwd: &Path) -> 
     if let Some(v) = pick(&flags.engine_url, ENV_ENGINE_URL) {
         cfg.engine_url = v.trim_end_matches('/').to_owned();
     }
+    cfg.auth.readonly |= flags.readonly;
+    cfg.auth.token = match env.get(ENV_TOKEN).filter(|t| !t.trim().is_empty()) {
+        Some(t) => Some(SecretString::from(t.trim().to_owned())),
+        None => match &cfg.auth.token_file {
+            Some(path) => Some(read_token_file(path)?),
+            None => None,
+        },
+    };
     validate(&cfg)?;
     Ok(cfg)
+}
+
+/// The token alone in a file; an empty or unreadable one is an error that
+/// names the file, not a silent anonymous call.
+fn read_token_file(path: &Path) -> Result<SecretString> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read [auth] token_file {}; write the token from `seckillctl auth token create` there, or set {ENV_TOKEN}",
+            path.display()
+        )
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        bail!("[auth] token_file {} is empty", path.display());
+    }
+    Ok(SecretString::from(token.to_owned()))
 }
 
 fn read_file(path: &Path) -> Result<Config> {
@@ -155,6 +185,37 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(layer(&flags, &e, &dir).unwrap().topic_prefix, "FLAG_");
+    }
+
+    #[test]
+    fn the_token_comes_from_the_environment_then_the_file() {
+        let dir = std::env::temp_dir().join(format!("seckill-cfg4-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "skt_from_file\n").unwrap();
+        std::fs::write(
+            dir.join("seckill.toml"),
+            format!("[auth]\ntoken_file = {:?}\n", file.display().to_string()),
+        )
+        .unwrap();
+        let cfg = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap();
+        assert_eq!(cfg.auth.token.unwrap().expose_secret(), "skt_from_file");
+        let cfg = layer(
+            &ConfigFlags::default(),
+            &env(&[(ENV_TOKEN, "skt_env")]),
+            &dir,
+        )
+        .unwrap();
+        assert_eq!(cfg.auth.token.unwrap().expose_secret(), "skt_env");
+        std::fs::write(&file, "  \n").unwrap();
+        let err = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap_err();
+        assert!(format!("{err:#}").contains("is empty"), "{err:#}");
+        let readonly = ConfigFlags {
+            readonly: true,
+            ..Default::default()
+        };
+        let cfg = layer(&readonly, &env(&[(ENV_TOKEN, "skt_env")]), &dir).unwrap();
+        assert!(cfg.auth.readonly);
     }
 
     #[test]

@@ -51,6 +51,40 @@ fn config_never_prints_the_password() {
 }
 
 #[test]
+fn config_never_prints_the_token() {
+    let out = Command::new(env!("CARGO_BIN_EXE_seckillctl"))
+        .args(["config", "--output", "json"])
+        .env_remove("SECKILL_CONFIG")
+        .env("SECKILL_TOKEN", "skt_do_not_print_me")
+        .output()
+        .expect("run seckillctl");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("do_not_print_me"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(json["auth"]["token"], "[set]");
+    assert_eq!(json["auth"]["mode"], "token");
+}
+
+#[test]
+fn a_readonly_cli_refuses_a_mutation_with_exit_77_before_connecting() {
+    // No database behind this URL: the refusal comes first.
+    let (out, _) = seckillctl(&[
+        "--readonly",
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/none",
+        "order",
+        "cancel",
+        "--order-id",
+        "ord_01JCZ9V2Q0AAAAAAAAAAAAAAAA",
+        "--reason",
+        "test",
+    ]);
+    assert_eq!(out.status.code(), Some(77), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("read-only"));
+}
+
+#[test]
 fn health_reports_a_dead_nameserver_quickly_with_exit_3() {
     let (out, took) = seckillctl(&[
         "--namesrv-addr",

@@ -36,6 +36,51 @@ pub struct Config {
     pub alerts: crate::decide::alerts::AlertConfig,
     pub governor: GovernorConfig,
     pub redis: RedisConfig,
+    pub auth: AuthConfig,
+}
+
+/// Who may reach the daemon, and how the CLI and TUI present themselves
+/// (docs/security.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `token` (the default): every route but `/healthz`, `/readyz` and
+    /// `/metrics` needs a bearer token. `open`: nobody is asked, for local
+    /// experiments only; `health` warns.
+    pub mode: AuthMode,
+    /// Where the CLI and the TUI read their token when `SECKILL_TOKEN` is
+    /// unset. The file holds the token alone.
+    pub token_file: Option<std::path::PathBuf>,
+    /// Refuse every mutation from this CLI (`--readonly` too), as the
+    /// TUI's read-only mode does.
+    pub readonly: bool,
+    /// How often a daemon re-reads `api_tokens`: a revoked token stops
+    /// working within this.
+    pub refresh_ms: u64,
+    /// The token itself, from `SECKILL_TOKEN` or `token_file`; filled by
+    /// the binary, never read from or shown as configuration.
+    #[serde(skip)]
+    pub token: Option<SecretString>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    #[default]
+    Token,
+    Open,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            mode: AuthMode::Token,
+            token_file: None,
+            readonly: false,
+            refresh_ms: 2_000,
+            token: None,
+        }
+    }
 }
 
 /// What is expected of the Redis in use.
@@ -264,6 +309,7 @@ impl Default for Config {
             alerts: crate::decide::alerts::AlertConfig::default(),
             governor: GovernorConfig::default(),
             redis: RedisConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -354,6 +400,25 @@ impl Default for LifecycleConfig {
 impl Config {
     pub fn admin_timeout(&self) -> Duration {
         Duration::from_millis(self.mq.admin_timeout_ms)
+    }
+
+    /// An HTTP client for a running engine (`engine_url`): the admin
+    /// timeout, and the configured token on every request, its header
+    /// marked sensitive so no debug print shows it.
+    pub fn engine_http(&self) -> reqwest::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &self.auth.token
+            && let Ok(mut v) =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.expose_secret()))
+        {
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
+        reqwest::Client::builder()
+            .timeout(self.admin_timeout())
+            .default_headers(headers)
+            .build()
+            .unwrap_or_default()
     }
 
     /// The database URL without its password, for messages and `config show`.

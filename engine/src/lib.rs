@@ -52,13 +52,18 @@ mod store;
 
 // Configuration and the daemon.
 pub use config::{
-    Config, ConsumerConfig, DlqConfig, GovernorConfig, LifecycleConfig, MqConfig, OutboxConfig,
-    PgConfig, PublisherConfig, ScannerConfig, redact_url,
+    AuthConfig, AuthMode, Config, ConsumerConfig, DlqConfig, GovernorConfig, LifecycleConfig,
+    MqConfig, OutboxConfig, PgConfig, PublisherConfig, ScannerConfig, redact_url,
 };
 pub use daemon::api::{ApiError, PayBody, PayView, Queued, ReserveBody, StatusView};
 pub use daemon::metrics::METRIC_NAMES;
-pub use daemon::{DaemonError, run as run_daemon};
+pub use daemon::{DaemonError, Listeners, run as run_daemon};
 pub use runtime::ClientRuntime;
+
+// Who may do what, and the record of what they did (docs/security.md).
+pub use domain::auth::{self, Actor, Need, Role, Via};
+pub use store::audit::{self, AuditId, AuditRow};
+pub use store::tokens::{self, TokenError, TokenRow};
 
 // The vocabulary: every id newtype, every status enum, the message bodies.
 pub use domain::ids::*;

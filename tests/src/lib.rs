@@ -43,7 +43,35 @@ pub struct TestEnv {
     pub token: String,
 }
 
+/// The actor of a test's own direct calls into the library, on its audit rows.
+pub fn test_actor() -> seckill_engine::Actor {
+    seckill_engine::Actor {
+        name: "integration-test".to_owned(),
+        role: seckill_engine::Role::Admin,
+        via: seckill_engine::Via::Direct,
+    }
+}
+
+/// An HTTP client that sends `token` on every request.
+pub fn client_with(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+        .expect("a token is ASCII");
+    v.set_sensitive(true);
+    headers.insert(reqwest::header::AUTHORIZATION, v);
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .expect("an HTTP client")
+}
+
 impl TestEnv {
+    /// Issues a token of `role` in this test's database (the bootstrap
+    /// path: the database URL is the root credential).
+    pub async fn issue_token(&self, name: &str, role: seckill_engine::Role) -> Result<String> {
+        Ok(seckill_engine::tokens::create(&self.pool, name, role, &test_actor()).await?)
+    }
+
     /// This test's reservation store (its own key prefix).
     pub fn store(&self) -> seckill_engine::ReservationStore {
         seckill_engine::ReservationStore::new(self.redis.clone(), self.cfg.redis_prefix.clone())
@@ -268,6 +296,11 @@ where
 /// A daemon (`seckillctl engine run`) inside the test, on an ephemeral port.
 pub struct Engine {
     pub addr: std::net::SocketAddr,
+    /// Sends an admin token, issued for this engine in the test's database,
+    /// on every request: it may call every route.
+    pub http: reqwest::Client,
+    /// Where the probes and `/metrics` listen when apart from the API.
+    pub admin_addr: Option<std::net::SocketAddr>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<()>,
 }
@@ -275,19 +308,39 @@ pub struct Engine {
 impl Engine {
     /// Starts it and waits until `/readyz` answers.
     pub async fn start(env: &TestEnv, cfg: Config) -> Result<Engine> {
+        Self::start_on(env, cfg, false).await
+    }
+
+    /// With `admin`, the probes and `/metrics` listen on a second
+    /// ephemeral port ([`Engine::admin_addr`]), as `--admin-listen` does.
+    pub async fn start_on(env: &TestEnv, cfg: Config, admin: bool) -> Result<Engine> {
+        let name = format!(
+            "test-admin-{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        );
+        let http = client_with(&env.issue_token(&name, seckill_engine::Role::Admin).await?);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let admin = match admin {
+            true => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await?),
+            false => None,
+        };
+        let admin_addr = admin.as_ref().map(|l| l.local_addr()).transpose()?;
+        let listeners = seckill_engine::Listeners {
+            api: listener,
+            admin,
+        };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let rt = env.rt.clone();
         let done = tokio::spawn(async move {
             let shutdown = async move {
                 let _ = rx.await;
             };
-            if let Err(e) = seckill_engine::run_daemon(cfg, rt, listener, shutdown).await {
+            if let Err(e) = seckill_engine::run_daemon(cfg, rt, listeners, shutdown).await {
                 panic!("engine failed: {e}");
             }
         });
-        let url = format!("http://{addr}/readyz");
+        let url = format!("http://{}/readyz", admin_addr.unwrap_or(addr));
         eventually(Duration::from_secs(30), "engine ready", || async {
             Ok(reqwest::get(&url)
                 .await
@@ -298,6 +351,8 @@ impl Engine {
         .await?;
         Ok(Engine {
             addr,
+            admin_addr,
+            http,
             stop: Some(tx),
             done,
         })

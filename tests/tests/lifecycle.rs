@@ -152,7 +152,7 @@ fn pay_and_cancel_raced_100_times_never_both() {
                 let pay = tokio::spawn(async move {
                     b.wait().await;
                     jitter(300).await;
-                    order::pay(&pool, &names, &id, "pay_test").await
+                    order::pay(&pool, &names, &id, "pay_test", &seckill_tests::test_actor()).await
                 });
                 let cancel = tokio::spawn(async move {
                     b2.wait().await;
@@ -347,7 +347,14 @@ fn a_cancel_delivered_early_late_or_twice_is_safe() {
         // A paid order is never canceled, even when its cancel is long overdue.
         let o = get(paid.clone()).await?;
         assert!(matches!(
-            order::pay(&env.pool, &env.names, &paid, "p1").await?,
+            order::pay(
+                &env.pool,
+                &env.names,
+                &paid,
+                "p1",
+                &seckill_tests::test_actor()
+            )
+            .await?,
             PayOutcome::Paid { .. }
         ));
         sqlx::query("UPDATE orders SET expires_at = now() - interval '1 hour' WHERE order_id = $1")
@@ -367,7 +374,15 @@ fn a_cancel_delivered_early_late_or_twice_is_safe() {
         );
         assert_eq!(get(paid.clone()).await?.status, OrderStatus::Paid);
         // Paying again is idempotent; the answer names the earlier payment.
-        match order::pay(&env.pool, &env.names, &paid, "p2").await? {
+        match order::pay(
+            &env.pool,
+            &env.names,
+            &paid,
+            "p2",
+            &seckill_tests::test_actor(),
+        )
+        .await?
+        {
             PayOutcome::AlreadyPaid { order } => {
                 assert_eq!(order.payment_id.as_deref(), Some("p1"))
             }
@@ -765,7 +780,7 @@ fn the_outbox_publisher_claims_once_resends_unknown_with_the_same_id_and_sends_t
             ids.push(insert_order(&env, u, ChronoDuration::minutes(10)).await?);
         }
         for id in &ids[1..] {
-            order::pay(&env.pool, &env.names, id, "p").await?;
+            order::pay(&env.pool, &env.names, id, "p", &seckill_tests::test_actor()).await?;
         }
         order::cancel(&env.pool, &env.names, &ids[0], CancelMode::Now, "test").await?;
         let rows = count(&env, "SELECT count(*) FROM event_outbox").await?;
@@ -945,7 +960,14 @@ fn twenty_payers_against_twenty_cancellers_on_one_order_100_times_one_winner() {
                 pays.push(tokio::spawn(async move {
                     b.wait().await;
                     jitter(20).await;
-                    order::pay(&pool, &names, &order, &format!("pay_{k}")).await
+                    order::pay(
+                        &pool,
+                        &names,
+                        &order,
+                        &format!("pay_{k}"),
+                        &seckill_tests::test_actor(),
+                    )
+                    .await
                 }));
                 let (pool, names, b, order) = (
                     env.pool.clone(),

@@ -29,7 +29,8 @@ fn engine_cfg(env: &TestEnv) -> Config {
 }
 
 async fn post(engine: &Engine, user: i64) -> Result<(u16, serde_json::Value)> {
-    let r = reqwest::Client::new()
+    let r = engine
+        .http
         .post(format!(
             "http://{}/v1/activities/{}/skus/{}/reservations",
             engine.addr, ACTIVITY.0, SKU.0
@@ -42,7 +43,10 @@ async fn post(engine: &Engine, user: i64) -> Result<(u16, serde_json::Value)> {
 }
 
 async fn get_text(engine: &Engine, path: &str) -> Result<String> {
-    Ok(reqwest::get(format!("http://{}{path}", engine.addr))
+    Ok(engine
+        .http
+        .get(format!("http://{}{path}", engine.addr))
+        .send()
         .await?
         .text()
         .await?)

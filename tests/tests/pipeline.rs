@@ -297,14 +297,15 @@ fn an_expired_reservation_is_rejected_once_with_one_compensation() {
 }
 
 async fn post(
-    addr: std::net::SocketAddr,
+    engine: &Engine,
     activity: &str,
     body: serde_json::Value,
 ) -> Result<(u16, serde_json::Value)> {
-    let r = reqwest::Client::new()
+    let r = engine
+        .http
         .post(format!(
-            "http://{addr}/v1/activities/{activity}/skus/{}/reservations",
-            SKU.0
+            "http://{}/v1/activities/{activity}/skus/{}/reservations",
+            engine.addr, SKU.0
         ))
         .json(&body)
         .send()
@@ -341,7 +342,7 @@ fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
                 serde_json::json!({"user_id": 1, "request_id": req.as_str(), "extra": true}),
             ),
         ] {
-            let (code, body) = post(engine.addr, activity, body).await?;
+            let (code, body) = post(&engine, activity, body).await?;
             assert_eq!(code, 400, "{body}");
             assert!(
                 body["reason"].as_str().is_some_and(|r| !r.is_empty()),
@@ -355,7 +356,7 @@ fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
         );
 
         let (code, first) = post(
-            engine.addr,
+            &engine,
             &a,
             serde_json::json!({"user_id": 1, "request_id": req.as_str()}),
         )
@@ -364,7 +365,7 @@ fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
         assert_eq!(first["status"], "QUEUED");
         // The same request_id returns the same reservation.
         let (code, again) = post(
-            engine.addr,
+            &engine,
             &a,
             serde_json::json!({"user_id": 1, "request_id": req.as_str()}),
         )
@@ -374,7 +375,7 @@ fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
         assert_eq!(again["message_id"], first["message_id"]);
         // Another user reusing the request_id is refused, not handed the reservation.
         let (code, stolen) = post(
-            engine.addr,
+            &engine,
             &a,
             serde_json::json!({"user_id": 2, "request_id": req.as_str()}),
         )
@@ -387,7 +388,7 @@ fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
         assert!(stolen.get("reservation_id").is_none());
         let other = RequestId::generate();
         let (code, dup) = post(
-            engine.addr,
+            &engine,
             &a,
             serde_json::json!({"user_id": 1, "request_id": other.as_str()}),
         )
@@ -398,7 +399,7 @@ fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
             "stock 1 is gone first"
         );
         let (code, _) = post(
-            engine.addr,
+            &engine,
             "999",
             serde_json::json!({"user_id": 2, "request_id": other.as_str()}),
         )
@@ -408,7 +409,7 @@ fn ingress_contract_queued_sold_out_duplicate_idempotent_and_malformed() {
         let rsv = first["reservation_id"].as_str().unwrap().to_owned();
         let url = format!("http://{}/v1/reservations/{rsv}", engine.addr);
         let status = eventually(Duration::from_secs(60), "ORDER_CREATED", || async {
-            let v: serde_json::Value = reqwest::get(&url).await?.json().await?;
+            let v: serde_json::Value = engine.http.get(&url).send().await?.json().await?;
             Ok((v["status"] == "ORDER_CREATED").then_some(v))
         })
         .await?;
@@ -425,14 +426,14 @@ fn a_duplicate_user_is_refused_at_ingress() {
         let engine = Engine::start(&env, engine_cfg(&env, 32)).await?;
         let a = ACTIVITY.0.to_string();
         let (code, _) = post(
-            engine.addr,
+            &engine,
             &a,
             serde_json::json!({"user_id": 9, "request_id": RequestId::generate().as_str()}),
         )
         .await?;
         assert_eq!(code, 202);
         let (code, body) = post(
-            engine.addr,
+            &engine,
             &a,
             serde_json::json!({"user_id": 9, "request_id": RequestId::generate().as_str()}),
         )
@@ -456,8 +457,8 @@ fn two_daemons_share_the_work_without_duplicating_it() {
         let a = ACTIVITY.0.to_string();
         let mut rsvs = Vec::new();
         for user in 0..n {
-            let addr = if user % 2 == 0 { e1.addr } else { e2.addr };
-            let (code, body) = post(addr, &a, serde_json::json!({"user_id": user + 1, "request_id": RequestId::generate().as_str()})).await?;
+            let e = if user % 2 == 0 { &e1 } else { &e2 };
+            let (code, body) = post(e, &a, serde_json::json!({"user_id": user + 1, "request_id": RequestId::generate().as_str()})).await?;
             assert_eq!(code, 202, "{body}");
             rsvs.push(body["reservation_id"].as_str().unwrap().to_owned());
         }
@@ -547,7 +548,7 @@ fn shutdown_flushes_the_publisher_before_stopping_the_producer() {
         let mut rsvs = Vec::new();
         for user in 1..=50 {
             let (code, body) = post(
-                engine.addr,
+                &engine,
                 &a,
                 serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}),
             )
@@ -578,7 +579,7 @@ fn reconcile_passes_after_a_sale_and_names_the_counterexample_when_broken() {
         let a = ACTIVITY.0.to_string();
         for user in 1..=5 {
             post(
-                engine.addr,
+                &engine,
                 &a,
                 serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}),
             )
@@ -639,7 +640,7 @@ fn a_mixed_run_pays_some_cancels_the_rest_and_both_books_balance() {
         let mut queued = Vec::new();
         for user in 1..=15 {
             let (code, body) = post(
-                engine.addr,
+                &engine,
                 &a,
                 serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}),
             )
@@ -660,7 +661,7 @@ fn a_mixed_run_pays_some_cancels_the_rest_and_both_books_balance() {
         })
         .await?;
 
-        let http = reqwest::Client::new();
+        let http = engine.http.clone();
         let (to_pay, to_lapse) = queued.split_at(queued.len() / 2);
         for (_, order) in to_pay {
             let r = http
@@ -693,8 +694,9 @@ fn a_mixed_run_pays_some_cancels_the_rest_and_both_books_balance() {
         .await?;
         let status = |rsv: String| {
             let url = format!("http://{}/v1/reservations/{rsv}", engine.addr);
+            let http = engine.http.clone();
             async move {
-                let body: serde_json::Value = reqwest::get(&url).await?.json().await?;
+                let body: serde_json::Value = http.get(&url).send().await?.json().await?;
                 Ok::<_, anyhow::Error>(body["status"].as_str().unwrap_or_default().to_owned())
             }
         };
@@ -708,7 +710,10 @@ fn a_mixed_run_pays_some_cancels_the_rest_and_both_books_balance() {
             },
         )
         .await?;
-        let stats: serde_json::Value = reqwest::get(format!("http://{}/v1/stats", engine.addr))
+        let stats: serde_json::Value = engine
+            .http
+            .get(format!("http://{}/v1/stats", engine.addr))
+            .send()
             .await?
             .json()
             .await?;

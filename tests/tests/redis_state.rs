@@ -32,7 +32,8 @@ fn on(cfg: &Config) -> Config {
 }
 
 async fn reserve(engine: &Engine, user: i64) -> Result<(u16, serde_json::Value)> {
-    let r = reqwest::Client::new()
+    let r = engine
+        .http
         .post(format!(
             "http://{}/v1/activities/{ACTIVITY}/skus/{SKU}/reservations",
             engine.addr
@@ -146,7 +147,10 @@ fn lost_redis_state_fails_closed_then_restore_resumes_the_sale() {
             "http://{}/v1/reservations/{}",
             engine.addr, unsent.reservation_id
         );
-        assert_eq!(reqwest::get(&status_url).await?.status().as_u16(), 404);
+        assert_eq!(
+            engine.http.get(&status_url).send().await?.status().as_u16(),
+            404
+        );
 
         let report = redis_state::restore(
             &env.pool,
@@ -178,7 +182,7 @@ fn lost_redis_state_fails_closed_then_restore_resumes_the_sale() {
         );
 
         // A definite answer for the reservation Redis lost unsent.
-        let body: serde_json::Value = reqwest::get(&status_url).await?.json().await?;
+        let body: serde_json::Value = engine.http.get(&status_url).send().await?.json().await?;
         assert_eq!(body["status"], "LOST", "{body}");
 
         // The sale goes on: the watcher reopens within a second.

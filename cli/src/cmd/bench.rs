@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use seckill_engine::{
     ActivityId, ApiError, ClientRuntime, Config, Names, NewActivity, OrderId, PayBody, PayView,
     PipelineFacts, Queued, RequestId, ReservationId, ReservationStore, ReserveBody, RocketAdmin,
-    SkuId, StatsView, TopicKind, activity, db, facts, order, redis_conn,
+    Role, SkuId, StatsView, TopicKind, activity, db, facts, order, redis_conn, tokens,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
@@ -287,8 +287,21 @@ impl LifecycleSummary {
 pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
     let BenchCmd::FlashSale(args) = cmd;
     check_args(&args)?;
+    crate::access::writable(cfg, "bench flash-sale")?;
     let env = Env::connect(&args, cfg).await?;
-    create_activity(&args, &env).await?;
+    let result = flash_sale(args, cfg, rt, &env).await;
+    // The run's tokens end with it, whatever happened (docs/security.md).
+    env.tokens.revoke(&env.pool).await;
+    result
+}
+
+async fn flash_sale(
+    args: FlashSaleArgs,
+    cfg: &Config,
+    rt: Arc<ClientRuntime>,
+    env: &Env,
+) -> Result<()> {
+    create_activity(&args, env).await?;
     let reqs = plan(&args);
     let lag = LagSampler::start(cfg, rt).await?;
 
@@ -300,7 +313,7 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
     );
     let quiet = wait_for_quiet(
         &args,
-        &env,
+        env,
         burst.ingress.distinct_reservations,
         &mut progress,
     )
@@ -309,10 +322,10 @@ pub async fn run(cmd: BenchCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
     let peak_lag = lag.stop().await;
 
     let lifecycle = match args.pay_share {
-        Some(share) => Some(pay_and_settle(&args, &env.pool, &env.http, share).await?),
+        Some(share) => Some(pay_and_settle(&args, &env.pool, &env.pay_http, share).await?),
         None => None,
     };
-    let stats = engine_stats(&env.http, &args.engine).await?;
+    let stats = engine_stats(&env.read_http, &args.engine).await?;
     let summary = summarise(
         &args,
         burst,
@@ -372,34 +385,98 @@ impl Progress {
 // ---- Setup ----
 
 /// PostgreSQL and Redis seed the activity and give the facts; HTTP drives
-/// the engine.
+/// the engine, each kind of call with a token of the least role it needs.
 struct Env {
     pool: db::PgPool,
     store: ReservationStore,
+    /// Reservations (role ingress).
     http: reqwest::Client,
+    /// Payments (role payments): the payment provider's callback.
+    pay_http: reqwest::Client,
+    /// `/v1/stats` (role reader).
+    read_http: reqwest::Client,
+    tokens: RunTokens,
+}
+
+/// The tokens a bench run issues itself over the database URL, and revokes
+/// when it ends.
+struct RunTokens(Vec<String>);
+
+impl RunTokens {
+    async fn issue(pool: &db::PgPool, role: Role, names: &mut Vec<String>) -> Result<String> {
+        let name = format!(
+            "bench-{role}-{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        );
+        let secret = tokens::create(pool, &name, role, &crate::access::bootstrap()).await?;
+        names.push(name);
+        Ok(secret)
+    }
+
+    async fn revoke(&self, pool: &db::PgPool) {
+        let actor = crate::access::bootstrap();
+        for name in &self.0 {
+            if let Err(e) = tokens::revoke(pool, name, &actor, Some("bench run ended")).await {
+                eprintln!("[bench] could not revoke token {name}: {e}");
+            }
+        }
+    }
+}
+
+fn client_with(token: &str, idle: usize) -> Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
+    v.set_sensitive(true);
+    headers.insert(reqwest::header::AUTHORIZATION, v);
+    Ok(reqwest::Client::builder()
+        .pool_max_idle_per_host(idle)
+        .timeout(Duration::from_secs(10))
+        .default_headers(headers)
+        .build()?)
 }
 
 impl Env {
-    /// Connects, and refuses to start against an engine that is not ready.
+    /// Connects, issues the run's tokens, and refuses to start against an
+    /// engine that is not ready.
     async fn connect(args: &FlashSaleArgs, cfg: &Config) -> Result<Self> {
         let pool = db::connect(cfg).await?;
         let store =
             ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(args.concurrency)
-            .timeout(Duration::from_secs(10))
-            .build()?;
-        http.get(format!("{}/readyz", args.engine))
+        let mut names = Vec::new();
+        let ingress = RunTokens::issue(&pool, Role::Ingress, &mut names).await;
+        let payments = RunTokens::issue(&pool, Role::Payments, &mut names).await;
+        let reader = RunTokens::issue(&pool, Role::Reader, &mut names).await;
+        let tokens = RunTokens(names);
+        let (ingress, payments, reader) = match (ingress, payments, reader) {
+            (Ok(i), Ok(p), Ok(r)) => (i, p, r),
+            (i, p, r) => {
+                tokens.revoke(&pool).await;
+                return Err(i.and(p).and(r).unwrap_err());
+            }
+        };
+        let http = client_with(&ingress, args.concurrency)?;
+        let pay_http = client_with(&payments, args.concurrency)?;
+        let read_http = client_with(&reader, 4)?;
+        let ready = http
+            .get(format!("{}/readyz", args.engine))
             .send()
             .await
-            .and_then(|r| r.error_for_status())
-            .with_context(|| {
-                format!(
-                    "the engine at {} is not ready; start it with `seckillctl engine run`",
-                    args.engine
-                )
-            })?;
-        Ok(Self { pool, store, http })
+            .and_then(|r| r.error_for_status());
+        if let Err(e) = ready {
+            tokens.revoke(&pool).await;
+            return Err(anyhow::Error::new(e).context(format!(
+                "the engine at {} is not ready; start it with `seckillctl engine run`",
+                args.engine
+            )));
+        }
+        Ok(Self {
+            pool,
+            store,
+            http,
+            pay_http,
+            read_http,
+            tokens,
+        })
     }
 }
 

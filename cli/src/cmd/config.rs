@@ -2,7 +2,7 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::{Config, MqConfig, PgConfig};
+use seckill_engine::{AuthMode, Config, MqConfig, PgConfig};
 use serde::Serialize;
 
 #[derive(Debug, clap::Args)]
@@ -20,6 +20,17 @@ struct View {
     redis_prefix: String,
     pg: PgConfig,
     mq: MqConfig,
+    auth: AuthView,
+}
+
+/// `[auth]` without the secret: whether a token is set, never the token.
+#[derive(Debug, Serialize)]
+struct AuthView {
+    mode: AuthMode,
+    token: &'static str,
+    token_file: Option<String>,
+    readonly: bool,
+    refresh_ms: u64,
 }
 
 impl Tabular for View {
@@ -56,6 +67,21 @@ pub fn run(args: ConfigArgs, cfg: &Config) -> Result<()> {
         redis_prefix: cfg.redis_prefix.clone(),
         pg: cfg.pg.clone(),
         mq: cfg.mq.clone(),
+        auth: AuthView {
+            mode: cfg.auth.mode,
+            token: if cfg.auth.token.is_some() {
+                "[set]"
+            } else {
+                "[none]"
+            },
+            token_file: cfg
+                .auth
+                .token_file
+                .as_ref()
+                .map(|p| p.display().to_string()),
+            readonly: cfg.auth.readonly,
+            refresh_ms: cfg.auth.refresh_ms,
+        },
     };
     render(&mut std::io::stdout().lock(), args.output, &view)
 }

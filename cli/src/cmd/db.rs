@@ -2,7 +2,7 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::{Config, MigrationRow, db};
+use seckill_engine::{Config, MigrationRow, audit, db};
 use serde::Serialize;
 
 #[derive(Debug, clap::Subcommand)]
@@ -52,7 +52,30 @@ pub async fn run(cmd: DbCmd, cfg: &Config) -> Result<()> {
     let mut out = std::io::stdout().lock();
     match cmd {
         DbCmd::Migrate => {
+            crate::access::writable(cfg, "db migrate")?;
+            let before = db::status(&pool).await.ok();
             let applied = db::migrate(&pool).await?;
+            // The audit table may be one of the migrations just applied, so
+            // the row is written after (docs/security.md, "Bootstrap").
+            let versions = |rows: &[MigrationRow]| -> Vec<i64> {
+                rows.iter()
+                    .filter(|m| m.applied_at.is_some())
+                    .map(|m| m.version)
+                    .collect()
+            };
+            let entry = audit::Entry::new(
+                "db migrate",
+                applied.iter().map(|m| m.version.to_string()).collect(),
+            )
+            .before(serde_json::json!({ "applied": before.as_deref().map(versions) }))
+            .after(serde_json::json!({ "applied": versions(&db::status(&pool).await?) }))
+            .outcome(if applied.is_empty() {
+                "CURRENT"
+            } else {
+                "APPLIED"
+            });
+            let mut conn = pool.acquire().await?;
+            audit::record(&mut conn, &crate::access::bootstrap(), &entry).await?;
             if applied.is_empty() {
                 println!("{database}: nothing to apply, schema is current");
             }

@@ -13,6 +13,10 @@ pub enum EngineCmd {
         /// Address for the HTTP surface
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        /// Serve /healthz, /readyz and /metrics (open, no token) here
+        /// instead of on --listen
+        #[arg(long)]
+        admin_listen: Option<SocketAddr>,
     },
 }
 
@@ -40,12 +44,28 @@ async fn shutdown_signal() {
 
 pub async fn run(cmd: EngineCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
     match cmd {
-        EngineCmd::Run { listen } => {
-            let listener = tokio::net::TcpListener::bind(listen)
+        EngineCmd::Run {
+            listen,
+            admin_listen,
+        } => {
+            let api = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("cannot listen on {listen}; is another engine running there? (pick one with --listen)"))?;
-            eprintln!("engine listening on http://{}", listener.local_addr()?);
-            seckill_engine::run_daemon(cfg.clone(), rt, listener, shutdown_signal()).await?;
+            eprintln!("engine listening on http://{}", api.local_addr()?);
+            let admin = match admin_listen {
+                Some(addr) => {
+                    let l = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+                        format!(
+                            "cannot listen on {addr} (--admin-listen); is something else there?"
+                        )
+                    })?;
+                    eprintln!("probes and /metrics on http://{}", l.local_addr()?);
+                    Some(l)
+                }
+                None => None,
+            };
+            let listeners = seckill_engine::Listeners { api, admin };
+            seckill_engine::run_daemon(cfg.clone(), rt, listeners, shutdown_signal()).await?;
             eprintln!("engine stopped cleanly");
             Ok(())
         }

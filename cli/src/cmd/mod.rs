@@ -1,4 +1,6 @@
 pub mod activity;
+pub mod audit;
+pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod db;

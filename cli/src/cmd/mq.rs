@@ -2,7 +2,7 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::{Context, Result, bail};
-use seckill_engine::{ClientRuntime, Config, Names, RocketAdmin, TopicKind};
+use seckill_engine::{ClientRuntime, Config, Names, RocketAdmin, TopicKind, audit, db};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,26 +51,48 @@ impl Tabular for LagView {
 }
 
 pub async fn run(cmd: MqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    // The audit row of a setup goes to PostgreSQL before the broker is
+    // touched (docs/security.md, "What is audited").
+    let audited = match &cmd {
+        MqCmd::Setup { .. } => {
+            crate::access::writable(cfg, "mq setup")?;
+            let pool = db::connect(cfg).await?;
+            let entry = audit::Entry::new("mq setup", vec![cfg.namesrv_addr.clone()])
+                .before(serde_json::json!({ "topic_prefix": cfg.topic_prefix }));
+            let id = audit::open(&pool, &crate::access::bootstrap(), &entry).await?;
+            Some((pool, id))
+        }
+        MqCmd::Lag { .. } => None,
+    };
     let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
     let result = match cmd {
-        MqCmd::Setup { wait } => setup(&admin, cfg, wait).await,
+        MqCmd::Setup { wait } => {
+            let done = setup(&admin, cfg, wait).await;
+            if let Some((pool, id)) = audited {
+                let (after, outcome) = match &done {
+                    Ok(lines) => (serde_json::json!({ "ensured": lines }), "OK"),
+                    Err(e) => (serde_json::json!({ "error": format!("{e:#}") }), "FAILED"),
+                };
+                audit::complete(&pool, id, Some(after), outcome).await?;
+            }
+            done.map(|lines| {
+                for line in lines {
+                    println!("{line}");
+                }
+            })
+        }
         MqCmd::Lag { output } => lag(&admin, cfg, output).await,
     };
     admin.shutdown().await;
     result
 }
 
-async fn setup(admin: &RocketAdmin, cfg: &Config, wait: Duration) -> Result<()> {
+async fn setup(admin: &RocketAdmin, cfg: &Config, wait: Duration) -> Result<Vec<String>> {
     let names = Names::new(cfg.topic_prefix.clone());
     let deadline = Instant::now() + wait;
     loop {
         match seckill_engine::setup_mq(admin, &names, cfg.mq.max_reconsume_times).await {
-            Ok(created) => {
-                for line in created {
-                    println!("{line}");
-                }
-                return Ok(());
-            }
+            Ok(created) => return Ok(created),
             Err(e) if Instant::now() < deadline => {
                 eprintln!("waiting for the broker: {e}");
                 tokio::time::sleep(Duration::from_secs(1)).await;

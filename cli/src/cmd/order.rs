@@ -7,9 +7,7 @@
 use crate::exit::{Exit, UsageError};
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::{
-    CancelMode, CancelOutcome, Config, Names, OrderId, OrderRow, PayOutcome, db, order,
-};
+use seckill_engine::{CancelOutcome, Config, Names, OrderId, OrderRow, PayOutcome, db, order};
 use serde::Serialize;
 
 #[derive(Debug, clap::Subcommand)]
@@ -89,6 +87,11 @@ impl Tabular for OrderAnswer {
 }
 
 pub async fn run(cmd: OrderCmd, cfg: &Config) -> Result<Exit> {
+    match &cmd {
+        OrderCmd::Pay { .. } => crate::access::writable(cfg, "order pay")?,
+        OrderCmd::Cancel { .. } => crate::access::writable(cfg, "order cancel")?,
+        OrderCmd::Show { .. } => {}
+    }
     let pool = db::connect(cfg).await?;
     let names = Names::new(cfg.topic_prefix.clone());
     let ((answer, exit), output) = match cmd {
@@ -119,7 +122,14 @@ async fn pay(
     if let Err(why) = order::check_payment_id(&payment_id) {
         return Err(UsageError(format!("--payment-id: {why}")).into());
     }
-    let out = order::pay(pool, names, &order_id, &payment_id).await?;
+    let out = order::pay(
+        pool,
+        names,
+        &order_id,
+        &payment_id,
+        &crate::access::direct(),
+    )
+    .await?;
     let Some((exit, hint)) = pay_verdict(&out) else {
         return Err(UsageError(format!(
             "no order {order_id}; check the id (`seckillctl order show`)"
@@ -169,7 +179,7 @@ async fn cancel(
         return Err(UsageError("--reason must not be empty".into()).into());
     }
     let reason = format!("OPERATOR: {reason}");
-    match order::cancel(pool, names, &order_id, CancelMode::Now, &reason).await? {
+    match order::cancel_by(pool, names, &order_id, &reason, &crate::access::direct()).await? {
         CancelOutcome::Canceled { order } => Ok((
             OrderAnswer {
                 outcome: "CANCELED".into(),

@@ -10,9 +10,6 @@ pub struct TuiArgs {
     /// How often the screen samples the stack
     #[arg(long, value_parser = crate::parse::duration, default_value = "1s")]
     refresh: Duration,
-    /// Hide every key that changes something (replay, acknowledge, assign)
-    #[arg(long)]
-    readonly: bool,
     /// Who replays and assigns, for the audit [default: $USER]
     #[arg(long, env = "USER", default_value = "operator")]
     operator: String,
@@ -29,7 +26,9 @@ pub async fn run(args: TuiArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
         rt,
         seckill_tui::Options {
             refresh: args.refresh,
-            readonly: args.readonly,
+            // The global --readonly (or [auth] readonly): hide every key
+            // that changes something.
+            readonly: cfg.auth.readonly,
             operator: args.operator,
         },
     )

@@ -7,8 +7,8 @@ use super::servers::World;
 use anyhow::{Context, Result};
 use seckill_engine::{
     ActivityId, ClientRuntime, Config, Names, NewActivity, ReconcileVerdict, RequestId,
-    ReservationId, ReservationStore, ReserveBody, RocketAdmin, SkuId, StatsView, TopicKind,
-    activity, db, facts, reconcile, redis_conn,
+    ReservationId, ReservationStore, ReserveBody, RocketAdmin, Role, SkuId, StatsView, TopicKind,
+    activity, db, facts, reconcile, redis_conn, tokens,
 };
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
@@ -61,6 +61,8 @@ pub struct Stage {
     pub admin: RocketAdmin,
     pub names: Names,
     pub http: reqwest::Client,
+    /// The drill's admin token, for the `seckillctl` runs it makes.
+    token: SecretString,
     pub engines: Vec<Option<Engine>>,
     pub activity: ActivityId,
     pub sku: SkuId,
@@ -150,9 +152,24 @@ impl Stage {
             },
         )
         .await?;
+        // The drill is the operator of its private stack: one admin token
+        // in its private database (dropped with it) reserves, pays and reads
+        // the figures on every engine it starts (docs/security.md).
+        let token = tokens::create(
+            &pool,
+            &format!("drill-{short}"),
+            Role::Admin,
+            &crate::access::bootstrap(),
+        )
+        .await?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        let mut bearer = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
+        bearer.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, bearer);
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(256)
+            .default_headers(headers)
             .build()?;
         Ok(Self {
             cfg,
@@ -163,6 +180,7 @@ impl Stage {
             admin,
             names,
             http,
+            token: SecretString::from(token),
             engines: Vec::new(),
             activity,
             sku,
@@ -187,7 +205,8 @@ impl Stage {
             .arg("--namesrv-addr")
             .arg(&self.cfg.namesrv_addr)
             .arg("--topic-prefix")
-            .arg(&self.cfg.topic_prefix);
+            .arg(&self.cfg.topic_prefix)
+            .env(crate::settings::ENV_TOKEN, self.token.expose_secret());
         Ok(cmd)
     }
 

@@ -1,18 +1,22 @@
 //! The daemon's HTTP surface (docs/architecture.md §13): reservation ingress, status
-//! query, liveness, readiness and stats. Handlers validate everything before
+//! query, liveness, readiness and stats, each behind the token gate of
+//! docs/security.md except the probes. Handlers validate everything before
 //! touching Redis: a malformed request gets a 4xx with a reason and writes
 //! nothing.
 
 use crate::daemon::api::{ApiError, PayBody, PayView, Queued, ReserveBody, StatusView};
+use crate::daemon::auth::{self, Gate};
 use crate::daemon::governor::{Governor, SIGNAL_WINDOW};
+use crate::domain::auth::{Actor, Need};
 use crate::domain::ids::{ActivityId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats, StatsView};
 use crate::mq::Names;
 use crate::pipeline::ingress::{Ingress, Refusal, ReserveCall};
 use crate::pipeline::order::{self, PayOutcome};
 use crate::reservation::ReservationStore;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -37,16 +41,42 @@ pub struct AppState {
     pub consuming: Arc<AtomicBool>,
 }
 
-pub fn router(state: AppState) -> Router {
+/// The API: every route behind the gate, grouped by what it needs
+/// (docs/security.md, "Roles").
+pub fn router(state: AppState, gate: Arc<Gate>) -> Router {
+    let needs = |need: Need| middleware::from_fn_with_state((gate.clone(), need), auth::guard);
     Router::new()
-        .route(
-            "/v1/activities/{activity}/skus/{sku}/reservations",
-            post(reserve),
+        .merge(
+            Router::new()
+                .route(
+                    "/v1/activities/{activity}/skus/{sku}/reservations",
+                    post(reserve),
+                )
+                .route_layer(needs(Need::Reserve)),
         )
-        .route("/v1/reservations/{id}", get(reservation_status))
-        .route("/v1/orders/{id}", get(order_show))
-        .route("/v1/orders/{id}/pay", post(order_pay))
-        .route("/v1/stats", get(stats))
+        .merge(
+            Router::new()
+                .route("/v1/reservations/{id}", get(reservation_status))
+                .route("/v1/orders/{id}", get(order_show))
+                .route_layer(needs(Need::Status)),
+        )
+        .merge(
+            Router::new()
+                .route("/v1/orders/{id}/pay", post(order_pay))
+                .route_layer(needs(Need::Pay)),
+        )
+        .merge(
+            Router::new()
+                .route("/v1/stats", get(stats))
+                .route_layer(needs(Need::Read)),
+        )
+        .with_state(state)
+}
+
+/// Liveness, readiness and metrics: open, for probes and scrapers, on the
+/// API's address or on `--admin-listen`'s.
+pub fn admin_router(state: AppState) -> Router {
+    Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -169,8 +199,11 @@ async fn reservation_status(State(state): State<AppState>, Path(id): Path<String
     }
 }
 
+/// The payment provider's callback (role `payments`, docs/security.md):
+/// audited like every other mutation.
 async fn order_pay(
     State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
     body: Option<Json<PayBody>>,
 ) -> Response {
@@ -184,7 +217,7 @@ async fn order_pay(
     if let Err(why) = order::check_payment_id(&payment_id) {
         return reject(StatusCode::BAD_REQUEST, "BAD_PAYMENT_ID", why);
     }
-    match order::pay(&state.pool, &state.names, &id, &payment_id).await {
+    match order::pay(&state.pool, &state.names, &id, &payment_id, &actor).await {
         Ok(out) => {
             let status = match &out {
                 PayOutcome::Paid { .. } | PayOutcome::AlreadyPaid { .. } => StatusCode::OK,

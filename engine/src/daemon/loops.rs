@@ -207,3 +207,26 @@ pub(super) fn spawn_redis_watch(
         }
     });
 }
+
+/// Re-reads the tokens every `every` (docs/security.md): a new token works
+/// and a revoked one stops within it. A failed read keeps the last set and
+/// says so; the daemon goes on serving.
+pub(super) fn spawn_token_refresh(
+    gate: Arc<crate::daemon::auth::Gate>,
+    pool: sqlx::PgPool,
+    every: Duration,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            if let Err(e) = gate.refresh(&pool).await {
+                tracing::warn!(error = %e, "cannot re-read api_tokens; keeping the last set");
+            }
+        }
+    });
+}

@@ -11,6 +11,7 @@
 //! order is safe). A start that fails halfway stops what it had started.
 
 pub mod api;
+pub mod auth;
 pub mod governor;
 pub mod http;
 mod loops;
@@ -19,8 +20,9 @@ mod parts;
 mod restart;
 
 use crate::config::Config;
+use crate::daemon::auth::Gate;
 use crate::daemon::governor::Governor;
-use crate::daemon::http::{AppState, router};
+use crate::daemon::http::{AppState, admin_router, router};
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats};
 use crate::mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
 use crate::mq::{ConsumerSpec, Handler, Names, TopicKind};
@@ -60,15 +62,28 @@ fn instance_id() -> String {
     format!("engine-{}-{}", std::process::id(), ulid::Ulid::new())
 }
 
+/// Where the daemon listens: the API, and optionally a separate address for
+/// the open probes and `/metrics` (`--admin-listen`, docs/security.md).
+pub struct Listeners {
+    pub api: TcpListener,
+    pub admin: Option<TcpListener>,
+}
+
+impl From<TcpListener> for Listeners {
+    fn from(api: TcpListener) -> Self {
+        Listeners { api, admin: None }
+    }
+}
+
 pub async fn run(
     cfg: Config,
     rt: Arc<ClientRuntime>,
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let mut parts = Parts::default();
     let served = match start(&cfg, &rt, &mut parts).await {
-        Ok(started) => serve(listener, started, shutdown).await,
+        Ok(started) => serve(listeners.into(), started, shutdown).await,
         Err(e) => Err(e),
     };
     parts.stop_all().await;
@@ -78,6 +93,7 @@ pub async fn run(
 /// What [`start`] hands to the HTTP surface.
 struct Started {
     state: AppState,
+    gate: Arc<Gate>,
     /// Cancelled on shutdown: readiness off, HTTP drains, loops stop.
     cancel: CancellationToken,
     ready: Arc<AtomicBool>,
@@ -217,8 +233,24 @@ async fn start(
         ctx.cancel.clone(),
     );
     start_governor(&ctx, &state, governor, consume).await?;
+    let gate = Gate::load(cfg.auth.mode, &ctx.pool)
+        .await
+        .map_err(db::DbError::from)?;
+    if cfg.auth.mode == crate::config::AuthMode::Open {
+        tracing::warn!(
+            "[auth] mode = \"open\": every route answers anyone, tokens are not checked (docs/security.md)"
+        );
+    }
+    loops::spawn_token_refresh(
+        gate.clone(),
+        ctx.pool.clone(),
+        Duration::from_millis(cfg.auth.refresh_ms.max(100)),
+        &ctx.tracker,
+        ctx.cancel.clone(),
+    );
     Ok(Started {
         state,
+        gate,
         cancel: ctx.cancel,
         ready,
     })
@@ -404,16 +436,17 @@ async fn start_governor(
 /// Serves HTTP until `shutdown`, then turns readiness off and lets the
 /// open requests finish.
 async fn serve(
-    listener: TcpListener,
+    listeners: Listeners,
     started: Started,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let Started {
         state,
+        gate,
         cancel,
         ready,
     } = started;
-    let addr = listener.local_addr()?;
+    let addr = listeners.api.local_addr()?;
     tracing::info!(%addr, "engine serving");
     let stop = cancel.clone();
     tokio::spawn(async move {
@@ -422,8 +455,22 @@ async fn serve(
         ready.store(false, Ordering::Relaxed);
         stop.cancel();
     });
-    axum::serve(listener, router(state))
+    let api = router(state.clone(), gate);
+    let Some(admin) = listeners.admin else {
+        axum::serve(listeners.api, api.merge(admin_router(state)))
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await?;
+        return Ok(());
+    };
+    tracing::info!(addr = %admin.local_addr()?, "probes and /metrics serving");
+    let admin = axum::serve(admin, admin_router(state))
+        .with_graceful_shutdown(cancel.clone().cancelled_owned())
+        .into_future();
+    let api = axum::serve(listeners.api, api)
         .with_graceful_shutdown(cancel.cancelled_owned())
-        .await?;
+        .into_future();
+    let (a, b) = tokio::join!(api, admin);
+    a?;
+    b?;
     Ok(())
 }

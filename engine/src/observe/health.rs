@@ -284,7 +284,7 @@ pub async fn engine(cfg: &Config) -> ComponentHealth {
     let started = Instant::now();
     let url = cfg.engine_url.clone();
     let result = within(cfg.admin_timeout(), "the engine", async {
-        let http = reqwest::Client::new();
+        let http = cfg.engine_http();
         let resp = http
             .get(format!("{url}/readyz"))
             .send()
@@ -293,13 +293,30 @@ pub async fn engine(cfg: &Config) -> ComponentHealth {
         Ok(if resp.status().is_success() {
             // The send circuit says whether this engine can reach the
             // broker now (docs/architecture.md §6.7).
-            let circuit = match http.get(format!("{url}/v1/stats")).send().await {
-                Ok(r) => r.json::<StatsView>().await.ok().map(|s| s.circuit),
-                Err(_) => None,
+            let stats = http.get(format!("{url}/v1/stats")).send().await.ok();
+            let refused = stats
+                .as_ref()
+                .map(|r| r.status())
+                .filter(|s| *s == 401 || *s == 403);
+            let circuit = match stats {
+                Some(r) if r.status().is_success() => {
+                    r.json::<StatsView>().await.ok().map(|s| s.circuit)
+                }
+                _ => None,
             };
-            match circuit.as_ref().and_then(circuit_detail) {
-                Some(detail) => ("-".to_owned(), HealthState::Degraded, Some(detail)),
-                None => ("-".to_owned(), HealthState::Up, None),
+            if let Some(status) = refused {
+                (
+                    "-".to_owned(),
+                    HealthState::Degraded,
+                    Some(format!(
+                        "/v1/stats answered {status}: set SECKILL_TOKEN (or [auth] token_file) to a reader token (`seckillctl auth token create --role reader`)"
+                    )),
+                )
+            } else {
+                match circuit.as_ref().and_then(circuit_detail) {
+                    Some(detail) => ("-".to_owned(), HealthState::Degraded, Some(detail)),
+                    None => ("-".to_owned(), HealthState::Up, None),
+                }
             }
         } else {
             (
@@ -336,12 +353,48 @@ pub async fn check(cfg: &Config, rt: Arc<ClientRuntime>) -> HealthReport {
     let mut components = vec![pg, rd];
     components.extend(mq);
     components.extend(dlq);
+    components.push(auth(cfg));
     HealthReport { components }
+}
+
+/// The token gate as configured (docs/security.md): `open` is for local
+/// experiments, and says so.
+pub fn auth(cfg: &Config) -> ComponentHealth {
+    let (state, detail) = auth_row(cfg.auth.mode);
+    ComponentHealth {
+        component: "auth".to_owned(),
+        endpoint: "-".to_owned(),
+        version: None,
+        state,
+        latency_ms: 0,
+        detail: Some(detail.to_owned()),
+    }
+}
+
+fn auth_row(mode: crate::config::AuthMode) -> (HealthState, &'static str) {
+    match mode {
+        crate::config::AuthMode::Token => (
+            HealthState::Up,
+            "mode token: every API route needs a bearer token",
+        ),
+        crate::config::AuthMode::Open => (
+            HealthState::Degraded,
+            "[auth] mode = \"open\": the engine answers anyone, orders can be paid and tickets replayed without a token; set mode = \"token\" outside local experiments",
+        ),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_gate_warns() {
+        assert_eq!(auth_row(crate::config::AuthMode::Token).0, HealthState::Up);
+        let (state, detail) = auth_row(crate::config::AuthMode::Open);
+        assert_eq!(state, HealthState::Degraded);
+        assert!(detail.contains("mode = \"token\""));
+    }
 
     #[test]
     fn no_persistence_warns_only_where_it_is_expected() {

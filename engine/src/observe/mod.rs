@@ -269,10 +269,7 @@ impl Observer {
             pool: None,
             store: None,
             admin: None,
-            http: reqwest::Client::builder()
-                .timeout(cfg.admin_timeout())
-                .build()
-                .unwrap_or_default(),
+            http: cfg.engine_http(),
             read_engine: true,
             owns_pool: true,
             head_probe: HEAD_PROBE,

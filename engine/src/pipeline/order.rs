@@ -14,6 +14,7 @@
 //! matched nothing is a pure function of the order row ([`cancel_noop`],
 //! [`pay_refusal`]).
 
+use crate::domain::auth::Actor;
 use crate::domain::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId, UserId};
 use crate::domain::message::SCHEMA_VERSION;
 use crate::domain::message::{
@@ -22,6 +23,7 @@ use crate::domain::message::{
 pub use crate::domain::status::CancelNoop;
 use crate::domain::status::{CompensationSource, OrderStatus};
 use crate::mq::{Names, TopicKind};
+use crate::store::audit::{self, Entry};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -164,15 +166,33 @@ pub async fn get(pool: &PgPool, id: &OrderId) -> Result<Option<OrderRow>, sqlx::
         .await
 }
 
+/// Reads one order and locks it for the rest of `tx`: the state before a
+/// mutation, for its audit row.
+async fn get_for_update(
+    tx: &mut Transaction<'static, Postgres>,
+    id: &OrderId,
+) -> Result<Option<OrderRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM orders WHERE order_id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await
+}
+
 /// Pays an order if it is unpaid and its pay window is open (docs/architecture.md §8.4),
-/// with its `ORDER_PAID` event in the same transaction.
+/// with its `ORDER_PAID` event and its audit row (docs/security.md) in the
+/// same transaction. A refused payment is audited too: who tried matters
+/// most when the cancel won.
 pub async fn pay(
     pool: &PgPool,
     names: &Names,
     id: &OrderId,
     payment_id: &str,
+    actor: &Actor,
 ) -> Result<PayOutcome, sqlx::Error> {
     let mut tx = pool.begin().await?;
+    let before = get_for_update(&mut tx, id).await?;
     let paid: Option<OrderRow> = sqlx::query_as(&format!(
         "UPDATE orders
          SET status = 'PAID', paid_at = now(), payment_id = $2,
@@ -184,16 +204,52 @@ pub async fn pay(
     .bind(payment_id)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(order) = paid else {
-        tx.rollback().await?;
-        return Ok(pay_refusal(get(pool, id).await?));
+    let out = match paid {
+        Some(order) => {
+            let event = order_event(&order);
+            insert_outbox(&mut tx, &[event.into_row(names)]).await?;
+            PayOutcome::Paid {
+                order: Box::new(order),
+            }
+        }
+        None => pay_refusal(before.clone()),
     };
-    let event = order_event(&order);
-    insert_outbox(&mut tx, &[event.into_row(names)]).await?;
+    let entry = Entry::new("order pay", vec![id.to_string(), payment_id.to_owned()])
+        .before(&before)
+        .after(out.order())
+        .outcome(out.label());
+    audit::record(&mut tx, actor, &entry).await?;
     tx.commit().await?;
-    Ok(PayOutcome::Paid {
-        order: Box::new(order),
-    })
+    Ok(out)
+}
+
+/// An operator's cancel, now (docs/architecture.md §8.3), with its audit
+/// row in the same transaction as the cancel.
+pub async fn cancel_by(
+    pool: &PgPool,
+    names: &Names,
+    id: &OrderId,
+    reason: &str,
+    actor: &Actor,
+) -> Result<CancelOutcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let before = get_for_update(&mut tx, id).await?;
+    let cause = MessageId::generate();
+    let out = cancel_in(&mut tx, names, id, CancelMode::Now, reason, cause.as_str()).await?;
+    let (label, after) = match &out {
+        CancelOutcome::Canceled { order } => ("CANCELED".to_owned(), Some(order.as_ref())),
+        CancelOutcome::NoOp { reason, order } => {
+            (format!("NOOP_{}", reason.as_str()), order.as_deref())
+        }
+    };
+    let entry = Entry::new("order cancel", vec![id.to_string()])
+        .reason(Some(reason))
+        .before(&before)
+        .after(after)
+        .outcome(label);
+    audit::record(&mut tx, actor, &entry).await?;
+    tx.commit().await?;
+    Ok(out)
 }
 
 /// Cancels an unpaid order in `tx` (docs/architecture.md §8.3). Only when the status

@@ -1,5 +1,9 @@
 //! Connections to the two stores: the PostgreSQL pool (with migrations and
-//! the schema guard) and Redis.
+//! the schema guard) and Redis; and the two PostgreSQL tables every layer
+//! above may write on its own transaction: the bearer tokens and the
+//! operator audit log.
 
+pub mod audit;
 pub mod db;
 pub mod redis;
+pub mod tokens;
