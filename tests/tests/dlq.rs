@@ -367,6 +367,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             &TicketAction::Assign {
                 owner: "alice".into(),
             },
+            &seckill_tests::test_actor(),
         )
         .await?;
         assert_eq!(
@@ -380,6 +381,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
                 resolution: " ".into(),
                 force: false,
             },
+            &seckill_tests::test_actor(),
         )
         .await;
         assert!(matches!(
@@ -393,16 +395,59 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
                 resolution: "inventory row added".into(),
                 force: false,
             },
+            &seckill_tests::test_actor(),
         )
         .await?;
         assert_eq!(t.status, TicketStatus::Closed);
         assert!(t.closed_at.is_some());
-        let refused = tickets::apply(&env.pool, &ticket, &TicketAction::Ack).await;
+        // Both moves are in the operator audit log with the ticket before
+        // and after; the refused close (empty resolution) is not.
+        let rows = seckill_engine::audit::list(
+            &env.pool,
+            &seckill_engine::audit::Filter {
+                target: Some(ticket.to_string()),
+                limit: 10,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let seen: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|r| (r.command.as_str(), r.outcome.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("dlq ticket close", "CLOSED"),
+                ("dlq ticket assign", "VERIFIED")
+            ]
+        );
+        let (before, after) = (rows[1].before.as_ref(), rows[1].after.as_ref());
+        assert_eq!(
+            before.map(|b| b["owner"].clone()),
+            Some(serde_json::Value::Null)
+        );
+        assert_eq!(after.map(|a| a["owner"].clone()), Some("alice".into()));
+        assert_eq!(rows[0].reason.as_deref(), Some("inventory row added"));
+        assert_eq!(rows[0].actor, "integration-test");
+        let refused = tickets::apply(
+            &env.pool,
+            &ticket,
+            &TicketAction::Ack,
+            &seckill_tests::test_actor(),
+        )
+        .await;
         assert!(matches!(
             refused,
             Err(ApplyError::Ticket(TicketError::Refused { .. }))
         ));
-        let unknown = tickets::apply(&env.pool, &TicketId::generate(), &TicketAction::Ack).await;
+        let unknown = tickets::apply(
+            &env.pool,
+            &TicketId::generate(),
+            &TicketAction::Ack,
+            &seckill_tests::test_actor(),
+        )
+        .await;
         assert!(matches!(
             unknown,
             Err(ApplyError::Ticket(TicketError::Unknown(_)))
@@ -1001,7 +1046,13 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
             force,
         };
         assert!(matches!(
-            tickets::apply(&env.pool, &ticket, &close(false)).await,
+            tickets::apply(
+                &env.pool,
+                &ticket,
+                &close(false),
+                &seckill_tests::test_actor()
+            )
+            .await,
             Err(ApplyError::Ticket(TicketError::Unsettled {
                 unsettled: 1,
                 ..
@@ -1074,7 +1125,13 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
         let second = replay(&env.pool, &env.names, &producer, &req("again", 3, true)).await?;
         assert_eq!(second.decision, ReplayDecision::Blocked);
         assert!(second.detail.contains("already verified"), "{second:#?}");
-        let t = tickets::apply(&env.pool, &ticket, &close(false)).await?;
+        let t = tickets::apply(
+            &env.pool,
+            &ticket,
+            &close(false),
+            &seckill_tests::test_actor(),
+        )
+        .await?;
         assert_eq!(t.status, TicketStatus::Closed);
         consumer.shutdown().await;
         producer.shutdown().await;
@@ -1137,6 +1194,7 @@ fn the_verifier_verifies_an_entry_whoever_applied_it_and_reopens_a_verified_tick
             &TicketAction::Assign {
                 owner: "bob".into(),
             },
+            &seckill_tests::test_actor(),
         )
         .await?;
         let m = order_msg(activity, sku);
@@ -1190,11 +1248,39 @@ fn a_discard_is_fenced_compensates_an_order_message_once_and_is_audited() {
             operator: "test".into(),
         };
         assert!(matches!(
-            seckill_engine::discard(&env.pool, &env.names, &req(" ")).await,
+            seckill_engine::discard(
+                &env.pool,
+                &env.names,
+                &req(" "),
+                &seckill_tests::test_actor()
+            )
+            .await,
             Err(seckill_engine::DiscardError::NoReason)
         ));
-        let r = seckill_engine::discard(&env.pool, &env.names, &req("poison for good")).await?;
+        let r = seckill_engine::discard(
+            &env.pool,
+            &env.names,
+            &req("poison for good"),
+            &seckill_tests::test_actor(),
+        )
+        .await?;
         assert!(r.compensated, "{r:?}");
+        let audited = seckill_engine::audit::list(
+            &env.pool,
+            &seckill_engine::audit::Filter {
+                target: Some(m.message_id.to_string()),
+                limit: 10,
+                ..Default::default()
+            },
+        )
+        .await?;
+        assert_eq!(audited.len(), 1, "{audited:?}");
+        assert_eq!(audited[0].command, "dlq discard");
+        assert_eq!(audited[0].reason.as_deref(), Some("poison for good"));
+        assert_eq!(
+            audited[0].after.as_ref().map(|a| a["compensated"].clone()),
+            Some(true.into())
+        );
         let n = |sql: &'static str| {
             let pool = env.pool.clone();
             async move { Ok::<i64, anyhow::Error>(sqlx::query_scalar(sql).fetch_one(&pool).await?) }
@@ -1224,7 +1310,13 @@ fn a_discard_is_fenced_compensates_an_order_message_once_and_is_audited() {
         assert_eq!(t.status, TicketStatus::Verified, "every entry settled");
         // Twice: refused, nothing written again.
         assert!(matches!(
-            seckill_engine::discard(&env.pool, &env.names, &req("again")).await,
+            seckill_engine::discard(
+                &env.pool,
+                &env.names,
+                &req("again"),
+                &seckill_tests::test_actor()
+            )
+            .await,
             Err(seckill_engine::DiscardError::Refused { .. })
         ));
         // A copy still on its way (the broker's retry) is a no-op: never

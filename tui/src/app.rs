@@ -11,8 +11,8 @@ use crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use seckill_engine::{
-    ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayRequest, RocketProducer,
-    Sender, Source, TicketAction, Watch, db, replay, tickets,
+    Actor, ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayRequest,
+    RocketProducer, Sender, Source, TicketAction, Via, Watch, db, replay, tickets,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -229,16 +229,27 @@ async fn answer(
             Msg::Replayed(run_replay(cfg, rt, pool, &names, &req).await)
         }
         Effect::Ack(ticket_id) => Msg::TicketChanged(
-            tickets::apply(pool, &ticket_id, &TicketAction::Ack)
+            tickets::apply(pool, &ticket_id, &TicketAction::Ack, &actor(operator))
                 .await
                 .map_err(|e| err(&e)),
         ),
         Effect::Assign { ticket_id, owner } => Msg::TicketChanged(
-            tickets::apply(pool, &ticket_id, &TicketAction::Assign { owner })
-                .await
-                .map_err(|e| err(&e)),
+            tickets::apply(
+                pool,
+                &ticket_id,
+                &TicketAction::Assign { owner },
+                &actor(operator),
+            )
+            .await
+            .map_err(|e| err(&e)),
         ),
     }
+}
+
+/// The screen acts over the database URL: its audit rows say so, with the
+/// operator's name (docs/security.md).
+fn actor(operator: &str) -> Actor {
+    Actor::database_url(operator, Via::Direct)
 }
 
 fn request(

@@ -152,7 +152,8 @@ async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Resu
             reason: args.reason.clone(),
             operator: operator.clone(),
         };
-        match seckill_engine::discard(pool, &names, &req).await {
+        let actor = seckill_engine::Actor::database_url(&operator, seckill_engine::Via::Direct);
+        match seckill_engine::discard(pool, &names, &req, &actor).await {
             Ok(r) => out.discarded.push(r),
             Err(DiscardError::Db(e)) => return Err(e.into()),
             Err(
@@ -479,6 +480,12 @@ impl Tabular for TicketDetail {
 }
 
 pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Exit> {
+    // A read-only CLI refuses before connecting; a dry run changes nothing.
+    match &cmd {
+        DlqCmd::Replay(a) if !a.dry_run => crate::access::writable(cfg, "dlq replay")?,
+        DlqCmd::Discard(_) => crate::access::writable(cfg, "dlq discard")?,
+        _ => {}
+    }
     let pool = db::connect(cfg).await?;
     if let DlqCmd::Replay(args) = cmd {
         return replay_one(args, cfg, &pool, rt).await;
@@ -547,7 +554,8 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
                 } => (ticket, TicketAction::Close { resolution, force }, output),
                 TicketCmd::List { .. } | TicketCmd::Show { .. } => unreachable!("handled above"),
             };
-            let t = match tickets::apply(&pool, &ticket, &action).await {
+            crate::access::writable(cfg, action.command())?;
+            let t = match tickets::apply(&pool, &ticket, &action, &crate::access::direct()).await {
                 Ok(t) => t,
                 Err(ApplyError::Ticket(e)) => return Err(UsageError(e.to_string()).into()),
                 Err(ApplyError::Db(e)) => return Err(e.into()),

@@ -15,6 +15,7 @@
 //! - one `replay_audit` row (decision DISCARDED) with the operator and reason.
 
 use super::entry::{EntryMove, MoveFacts, next};
+use crate::domain::auth::Actor;
 use crate::domain::ids::{MessageId, ReplayId};
 use crate::domain::message::{
     RELEASE_RESERVATION_EVENT, ReleaseReservation, SCHEMA_VERSION, TAG_RELEASE_RESERVATION, json,
@@ -25,6 +26,7 @@ use crate::domain::status::{
 };
 use crate::mq::{Names, TopicKind};
 use crate::pipeline::order::{OutboxRow, insert_outbox};
+use crate::store::audit::{self, Entry};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -68,6 +70,7 @@ pub async fn discard(
     pool: &PgPool,
     names: &Names,
     req: &DiscardRequest,
+    actor: &Actor,
 ) -> Result<DiscardReport, DiscardError> {
     if req.reason.trim().is_empty() {
         return Err(DiscardError::NoReason);
@@ -225,6 +228,13 @@ pub async fn discard(
     .bind(replay_count)
     .execute(&mut *tx)
     .await?;
+    // And the operator audit log, in the same transaction (docs/security.md).
+    let entry = Entry::new("dlq discard", vec![id.to_string(), group.clone()])
+        .reason(Some(req.reason.trim()))
+        .before(serde_json::json!({ "status": status, "replay_count": replay_count }))
+        .after(serde_json::json!({ "status": to, "compensated": compensated }))
+        .outcome("DISCARDED");
+    audit::record(&mut tx, actor, &entry).await?;
     tx.commit().await?;
     super::verifier::tickets_follow(pool).await?;
     Ok(DiscardReport {

@@ -2,10 +2,12 @@
 //! transition table, and the reads `seckillctl dlq` shows.
 
 use super::key::DlqEntryKey;
+use crate::domain::auth::Actor;
 use crate::domain::ids::TicketId;
 use crate::domain::status::{
     DlqEntryStatus, FailureClass, InboxStatus, OrderStatus, ReservationOutcome, TicketStatus,
 };
+use crate::store::audit::{self, Entry};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -151,12 +153,28 @@ pub async fn get_ticket(pool: &PgPool, id: &TicketId) -> Result<Option<Ticket>, 
     .await
 }
 
+impl TicketAction {
+    /// The command as an audit row names it.
+    pub fn command(&self) -> &'static str {
+        match self {
+            TicketAction::Ack => "dlq ticket ack",
+            TicketAction::Assign { .. } => "dlq ticket assign",
+            TicketAction::Resolve => "dlq ticket resolve",
+            TicketAction::Close { force: false, .. } => "dlq ticket close",
+            TicketAction::Close { force: true, .. } => "dlq ticket close --force",
+        }
+    }
+}
+
 /// Applies an operator action, checked against the current status under a
-/// row lock, so two operators cannot race a ticket into a wrong state.
+/// row lock, so two operators cannot race a ticket into a wrong state. The
+/// audit row, with the ticket before and after, commits with the move
+/// (docs/security.md).
 pub async fn apply(
     pool: &PgPool,
     id: &TicketId,
     action: &TicketAction,
+    actor: &Actor,
 ) -> Result<Ticket, ApplyError> {
     match action {
         TicketAction::Assign { owner } if owner.trim().is_empty() => {
@@ -175,6 +193,7 @@ pub async fn apply(
             .await?;
     let from = from.ok_or_else(|| TicketError::Unknown(id.clone()))?;
     let to = transition(id, from, action)?;
+    let before = ticket_in(&mut tx, id).await?;
     if let TicketAction::Close { force: false, .. } = action {
         let unsettled: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM dlq_messages
@@ -206,13 +225,32 @@ pub async fn apply(
     .bind(id)
     .bind(to)
     .bind(owner)
-    .bind(resolution)
+    .bind(resolution.clone())
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
-    Ok(get_ticket(pool, id)
+    let after = ticket_in(&mut tx, id)
         .await?
-        .ok_or_else(|| TicketError::Unknown(id.clone()))?)
+        .ok_or_else(|| TicketError::Unknown(id.clone()))?;
+    let entry = Entry::new(action.command(), vec![id.to_string()])
+        .reason(resolution.as_deref())
+        .before(&before)
+        .after(&after)
+        .outcome(to.as_str());
+    audit::record(&mut tx, actor, &entry).await?;
+    tx.commit().await?;
+    Ok(after)
+}
+
+async fn ticket_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    id: &TicketId,
+) -> Result<Option<Ticket>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {TICKET_COLUMNS} FROM dlq_tickets t WHERE t.ticket_id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await
 }
 
 /// Gives every ownerless live ticket of a routed error class to its team
