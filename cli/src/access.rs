@@ -9,9 +9,10 @@ use seckill_engine::{Actor, Config, Via};
 
 /// The OS user running the CLI, for audit rows of database-URL paths.
 pub fn os_user() -> String {
-    std::env::var("USER")
-        .ok()
-        .filter(|u| !u.is_empty())
+    ["USER", "LOGNAME"]
+        .into_iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|u| !u.is_empty())
         .unwrap_or_else(|| "unknown".to_owned())
 }
 

@@ -3,9 +3,9 @@
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::{Context, Result, bail};
 use seckill_engine::{
-    ActivityId, ActivityView, ClientRuntime, Config, Names, NewActivity, ReservationStore,
-    RestoreReport, RestoreRequest, RocketAdmin, SkuId, TopicKind, activity, db, redis_conn,
-    redis_state, retry_topic,
+    ActivityId, ActivityView, Actor, ClientRuntime, Config, Names, NewActivity, ReservationStore,
+    RestoreReport, RestoreRequest, RocketAdmin, SkuId, TopicKind, Via, activity, audit, db,
+    redis_conn, redis_state, retry_topic,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,8 +27,12 @@ pub enum ActivityCmd {
         #[arg(long, value_parser = crate::parse::duration, default_value = "15m")]
         pay_within: Duration,
         /// Overwrite existing stock on both sides (refused once orders exist)
-        #[arg(long)]
+        #[arg(long, requires = "reason")]
         force: bool,
+        /// Why (kept in the audit log); required with --force, which
+        /// re-seeds stock under a running sale
+        #[arg(long)]
+        reason: Option<String>,
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
@@ -120,6 +124,11 @@ impl Tabular for ActivityView {
 }
 
 pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    match &cmd {
+        ActivityCmd::Create { .. } => crate::access::writable(cfg, "activity create")?,
+        ActivityCmd::Restore { .. } => crate::access::writable(cfg, "activity restore")?,
+        ActivityCmd::Show { .. } => {}
+    }
     let pool = db::connect(cfg).await?;
     let store = ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
     let (view, output) = match cmd {
@@ -137,8 +146,17 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
                     .unwrap_or_else(|| "unknown".into()),
                 reason,
             };
-            let report = restore(cfg, rt, &pool, &store, &req, wait).await?;
-            return render(&mut std::io::stdout().lock(), output, &report);
+            // Redis and PostgreSQL both change: an intent row first, the
+            // outcome after (docs/security.md, "What is audited").
+            let actor = Actor::database_url(&req.operator, Via::Direct);
+            let before = activity::show(&pool, &store, activity).await.ok();
+            let entry = audit::Entry::new("activity restore", vec![activity.to_string()])
+                .reason(Some(req.reason.as_str()))
+                .before(&before);
+            let id = audit::open(&pool, &actor, &entry).await?;
+            let done = restore(cfg, rt, &pool, &store, &req, wait).await;
+            complete(&pool, id, &done).await?;
+            return render(&mut std::io::stdout().lock(), output, &done?);
         }
         ActivityCmd::Create {
             activity,
@@ -147,6 +165,7 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
             valid_for,
             pay_within,
             force,
+            reason,
             output,
         } => {
             let a = NewActivity {
@@ -157,13 +176,43 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
                 pay_within_ms: pay_within.as_millis() as i64,
                 force,
             };
-            (activity::create(&pool, &store, &a).await?, output)
+            let command = if force {
+                "activity create --force"
+            } else {
+                "activity create"
+            };
+            let before = activity::show(&pool, &store, activity).await.ok();
+            let entry = audit::Entry::new(command, vec![activity.to_string(), sku.to_string()])
+                .reason(reason.as_deref())
+                .before(&before);
+            let id = audit::open(&pool, &crate::access::direct(), &entry).await?;
+            let done = activity::create(&pool, &store, &a).await;
+            complete(&pool, id, &done).await?;
+            (done?, output)
         }
         ActivityCmd::Show { activity, output } => {
             (activity::show(&pool, &store, activity).await?, output)
         }
     };
     render(&mut std::io::stdout().lock(), output, &view)
+}
+
+/// Completes an intent row with what came of it: the state after, or the
+/// error.
+async fn complete<T: serde::Serialize, E: std::fmt::Display>(
+    pool: &sqlx::PgPool,
+    id: seckill_engine::AuditId,
+    done: &Result<T, E>,
+) -> Result<()> {
+    let (after, outcome) = match done {
+        Ok(v) => (serde_json::to_value(v).ok(), "OK"),
+        Err(e) => (
+            Some(serde_json::json!({ "error": e.to_string() })),
+            "FAILED",
+        ),
+    };
+    audit::complete(pool, id, after, outcome).await?;
+    Ok(())
 }
 
 /// Checks first that there is something to restore, then waits until the

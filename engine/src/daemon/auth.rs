@@ -1,7 +1,9 @@
 //! The daemon's gate (docs/security.md): every route but `/healthz`,
 //! `/readyz` and `/metrics` needs a bearer token whose role grants what the
 //! route needs. The tokens are read from `api_tokens` at start and every
-//! `[auth] refresh_ms`, so a new or revoked token takes effect within that.
+//! `[auth] refresh_ms`, so a revoked token stops working within that; an
+//! unknown token re-reads them at once (rate-limited), so a new one works
+//! on its first call.
 //!
 //! A refusal is a 401 (no token, or one nobody issued) or a 403 (a token
 //! whose role does not grant the route), with a JSON [`ApiError`] and one
@@ -22,7 +24,16 @@ use std::sync::{Arc, RwLock};
 pub struct Gate {
     mode: AuthMode,
     tokens: RwLock<HashMap<String, (String, Role)>>,
+    pool: Option<sqlx::PgPool>,
+    /// When the set was last read. An unknown token re-reads it at once
+    /// (a token issued a moment ago works on its first call, not after the
+    /// next refresh), but at most once per [`MISS_REREAD`]: a flood of
+    /// bogus tokens costs PostgreSQL a few reads a second, no more.
+    read_at: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// The least time between two reads of `api_tokens`.
+const MISS_REREAD: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,9 +91,25 @@ impl Gate {
         let gate = Arc::new(Gate {
             mode,
             tokens: RwLock::new(HashMap::new()),
+            pool: Some(pool.clone()),
+            read_at: tokio::sync::Mutex::new(None),
         });
         gate.refresh(pool).await?;
         Ok(gate)
+    }
+
+    /// Re-reads the set unless it was read within [`MISS_REREAD`]; callers
+    /// queue behind one read rather than each running their own.
+    async fn reread(&self) {
+        let Some(pool) = &self.pool else { return };
+        let mut read_at = self.read_at.lock().await;
+        if read_at.is_some_and(|t| t.elapsed() < MISS_REREAD) {
+            return;
+        }
+        if let Err(e) = self.refresh(pool).await {
+            tracing::warn!(error = %e, "cannot re-read api_tokens; keeping the last set");
+        }
+        *read_at = Some(std::time::Instant::now());
     }
 
     pub async fn refresh(&self, pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
@@ -141,7 +168,12 @@ pub async fn guard(
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match gate.check(header, need) {
+    let mut checked = gate.check(header, need);
+    if checked == Err(Denied::Unknown) {
+        gate.reread().await;
+        checked = gate.check(header, need);
+    }
+    match checked {
         Ok(actor) => {
             req.extensions_mut().insert(actor);
             next.run(req).await
@@ -192,6 +224,8 @@ mod tests {
                 auth::token_digest("skt_good"),
                 ("ops".to_owned(), Role::Operator),
             )])),
+            pool: None,
+            read_at: tokio::sync::Mutex::new(None),
         };
         assert_eq!(gate.check(None, Need::Read), Err(Denied::Missing));
         assert_eq!(
@@ -215,6 +249,8 @@ mod tests {
         let gate = Gate {
             mode: AuthMode::Open,
             tokens: RwLock::new(HashMap::new()),
+            pool: None,
+            read_at: tokio::sync::Mutex::new(None),
         };
         let a = gate.check(None, Need::Administer).unwrap();
         assert_eq!(a.via, Via::Open);
