@@ -197,7 +197,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             message_id: id.clone(),
             group: None,
             reason: reason.into(),
-            operator: "test".into(),
+            actor: seckill_tests::test_actor(),
             dry_run,
             force,
             verify_within: Duration::from_secs(60),
@@ -289,6 +289,36 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         );
         let e = &tickets::list_entries(&env.pool, Some(&group), None, None).await?[0];
         assert_eq!((e.status, e.replay_count), (DlqEntryStatus::Verified, 1));
+        // The operator audit log: the dry run and the replay, each an intent
+        // completed with the entry after (docs/security.md).
+        let rows = seckill_engine::audit::list(
+            &env.pool,
+            &seckill_engine::audit::Filter {
+                target: Some(done.message_id.to_string()),
+                limit: 10,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let seen: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|r| (r.command.as_str(), r.outcome.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("dlq replay", "VERIFIED"),
+                ("dlq replay --dry-run", "DRY_RUN")
+            ]
+        );
+        assert_eq!(
+            rows[0].before.as_ref().map(|b| b["status"].clone()),
+            Some("DEAD".into())
+        );
+        assert_eq!(
+            rows[0].after.as_ref().map(|a| a["status"].clone()),
+            Some("VERIFIED".into())
+        );
         let quiet =
             alert(seckill_engine::health::check(&env.cfg, env.rt.clone()).await).expect("dlq row");
         assert_eq!(
@@ -494,7 +524,7 @@ fn replaying_an_expired_reservation_warns_then_rejects_and_compensates_once() {
             message_id: m.message_id.clone(),
             group: None,
             reason: "DB timeout fixed".into(),
-            operator: "test".into(),
+            actor: seckill_tests::test_actor(),
             dry_run: false,
             force: vec![],
             verify_within: Duration::from_secs(60),
@@ -640,7 +670,7 @@ fn a_bulk_replay_keeps_to_the_rate_canaries_first_and_resumes_without_resending(
         let req = |ticket: &TicketId| BulkRequest {
             ticket: ticket.clone(),
             reason: "DB timeouts over".into(),
-            operator: "test".into(),
+            actor: seckill_tests::test_actor(),
             dry_run: false,
             force: vec![],
             rate_per_s: 20.0,
@@ -913,7 +943,7 @@ fn prechecks_are_read_only_and_match_the_dry_run() {
                 message_id: id.clone(),
                 group: Some(group.clone()),
                 reason: "compare".into(),
-                operator: "test".into(),
+                actor: seckill_tests::test_actor(),
                 dry_run: true,
                 force: vec![],
                 verify_within: Duration::from_secs(1),
@@ -1020,7 +1050,7 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
             message_id: id.clone(),
             group: None,
             reason: reason.into(),
-            operator: "test".into(),
+            actor: seckill_tests::test_actor(),
             dry_run: false,
             force: vec![],
             verify_within: Duration::from_secs(within),
@@ -1094,7 +1124,7 @@ fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_an
             &BulkRequest {
                 ticket: ticket.clone(),
                 reason: "trigger dropped".into(),
-                operator: "test".into(),
+                actor: seckill_tests::test_actor(),
                 dry_run: false,
                 force: vec![],
                 rate_per_s: 10.0,
@@ -1384,7 +1414,10 @@ fn two_operators_replaying_one_ticket_at_once_send_each_entry_once() {
         let req = |operator: &str| BulkRequest {
             ticket: ticket.clone(),
             reason: "serialization storm over".into(),
-            operator: operator.into(),
+            actor: seckill_engine::Actor {
+                name: operator.into(),
+                ..seckill_tests::test_actor()
+            },
             dry_run: false,
             force: vec![],
             rate_per_s: 50.0,
@@ -1496,7 +1529,7 @@ fn a_replay_racing_the_brokers_redelivery_has_one_effect_50_rounds() {
             &BulkRequest {
                 ticket: ticket.clone(),
                 reason: "gate open".into(),
-                operator: "test".into(),
+                actor: seckill_tests::test_actor(),
                 dry_run: false,
                 force: vec![],
                 rate_per_s: N as f64 / 15.0,

@@ -264,7 +264,7 @@ fn request(
         message_id,
         group: Some(group.to_owned()),
         reason: reason.to_owned(),
-        operator: operator.to_owned(),
+        actor: actor(operator),
         dry_run,
         force: Vec::new(),
         verify_within: Duration::from_secs(30),

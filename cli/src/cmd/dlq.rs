@@ -6,10 +6,10 @@ use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use chrono::Utc;
 use seckill_engine::{
-    ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DiscardError,
+    Actor, ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DiscardError,
     DiscardReport, DiscardRequest, DlqEntry, DlqEntryKey, DlqEntryStatus, EntryDetail, MessageId,
     Names, ReplayCheck as Check, ReplayDecision, ReplayError, ReplayOutcome, ReplayReport,
-    ReplayRequest, RocketProducer, Sender, Ticket, TicketAction, TicketId, TicketStatus, db,
+    ReplayRequest, RocketProducer, Sender, Ticket, TicketAction, TicketId, TicketStatus, Via, db,
     replay, tickets,
 };
 use serde::Serialize;
@@ -152,7 +152,7 @@ async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Resu
             reason: args.reason.clone(),
             operator: operator.clone(),
         };
-        let actor = seckill_engine::Actor::database_url(&operator, seckill_engine::Via::Direct);
+        let actor = Actor::database_url(&operator, Via::Direct);
         match seckill_engine::discard(pool, &names, &req, &actor).await {
             Ok(r) => out.discarded.push(r),
             Err(DiscardError::Db(e)) => return Err(e.into()),
@@ -754,7 +754,7 @@ async fn replay_one(
                 message_id,
                 group: args.group,
                 reason: args.reason.unwrap_or_default(),
-                operator,
+                actor: Actor::database_url(&operator, Via::Direct),
                 dry_run: args.dry_run,
                 force: args.force,
                 verify_within: args.verify_within,
@@ -769,7 +769,7 @@ async fn replay_one(
             let req = BulkRequest {
                 ticket: ticket.expect("clap requires --ticket or --message-id"),
                 reason: args.reason.unwrap_or_default(),
-                operator,
+                actor: Actor::database_url(&operator, Via::Direct),
                 dry_run: args.dry_run,
                 force: args.force,
                 rate_per_s: args.rate,

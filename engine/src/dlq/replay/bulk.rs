@@ -10,6 +10,7 @@ use super::single::{
 };
 use crate::dlq::entry::{EntryMove, MoveFacts, next};
 use crate::dlq::key::DlqEntryKey;
+use crate::domain::auth::Actor;
 use crate::domain::ids::{MessageId, TicketId};
 use crate::domain::status::{DlqEntryStatus, ReplayDecision, ReplayOutcome, TicketStatus};
 use crate::mq::{Names, Producer};
@@ -22,7 +23,8 @@ use std::time::{Duration, Instant};
 pub struct BulkRequest {
     pub ticket: TicketId,
     pub reason: String,
-    pub operator: String,
+    /// Who asks; every entry's replay is audited under this actor.
+    pub actor: Actor,
     pub dry_run: bool,
     pub force: Vec<Check>,
     /// Sends per second at most.
@@ -211,7 +213,7 @@ fn one(req: &BulkRequest, group: &str, id: &MessageId) -> ReplayRequest {
         message_id: id.clone(),
         group: Some(group.to_owned()),
         reason: req.reason.clone(),
-        operator: req.operator.clone(),
+        actor: req.actor.clone(),
         dry_run: req.dry_run,
         force: req.force.clone(),
         verify_within: req.verify_within,

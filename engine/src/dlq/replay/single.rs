@@ -11,6 +11,7 @@
 use super::checks::{Check, Facts, Verdict, decide, parse_for, verdicts};
 use crate::dlq::entry::{EntryMove, MoveFacts, next};
 use crate::dlq::verifier;
+use crate::domain::auth::Actor;
 use crate::domain::ids::{MessageId, ReplayId, TicketId};
 use crate::domain::status::{
     CompensationSource, CompensationStatus, DlqEntryStatus, InboxStatus, OrderStatus,
@@ -20,6 +21,7 @@ use crate::mq::{
     Names, OutgoingMessage, PROP_MESSAGE_ID, PROP_REPLAY_COUNT, PROP_REPLAY_ID, PROP_TRACEPARENT,
     Producer, SendOutcome, TopicKind,
 };
+use crate::store::audit::{self, AuditId};
 use chrono::{DateTime, Utc};
 use serde::{Serialize, Serializer};
 use sqlx::PgPool;
@@ -33,7 +35,9 @@ pub struct ReplayRequest {
     /// Needed only when the message is dead in more than one group.
     pub group: Option<String>,
     pub reason: String,
-    pub operator: String,
+    /// Who asks: named on the `replay_audit` row and on the
+    /// `operator_audit` intent (docs/security.md).
+    pub actor: Actor,
     pub dry_run: bool,
     pub force: Vec<Check>,
     /// How long to wait for the consumer's verdict after sending.
@@ -250,6 +254,8 @@ pub(super) struct Prepared {
     pub(super) facts: Facts,
     /// The send was CONFIRMED; the outcome waits for verification.
     pub(super) confirmed: bool,
+    /// The `operator_audit` intent, completed by [`finish`].
+    op_audit: AuditId,
 }
 
 /// The pre-check verdicts of one dead message, read-only: no audit row,
@@ -337,12 +343,35 @@ pub(super) async fn prepare(
         },
     };
     audit_open(pool, &replay_id, &report, req).await?;
+    // The operator audit log's intent, before anything is sent: the send
+    // goes to the broker, not PostgreSQL (docs/security.md).
+    let command = if req.dry_run {
+        "dlq replay --dry-run"
+    } else {
+        "dlq replay"
+    };
+    let intent = audit::Entry::new(
+        command,
+        vec![
+            req.message_id.to_string(),
+            report.consumer_group.clone(),
+            replay_id.to_string(),
+        ],
+    )
+    .reason(Some(req.reason.trim()))
+    .before(serde_json::json!({
+        "status": entry.status,
+        "replay_count": entry.replay_count,
+        "decision": report.decision,
+    }));
+    let op_audit = audit::open(pool, &req.actor, &intent).await?;
     Ok(Prepared {
         replay_id,
         report,
         entry,
         facts,
         confirmed: false,
+        op_audit,
     })
 }
 
@@ -443,8 +472,26 @@ pub(super) async fn finish(pool: &PgPool, p: &mut Prepared) -> Result<(), sqlx::
         _ => {}
     }
     audit_close(pool, &p.replay_id, p.report.outcome).await?;
+    let status: Option<DlqEntryStatus> = sqlx::query_scalar(
+        "SELECT status FROM dlq_messages WHERE consumer_group = $1 AND message_id = $2",
+    )
+    .bind(group)
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    let after = serde_json::json!({ "status": status, "outcome": p.report.outcome });
+    audit::complete(pool, p.op_audit, Some(after), outcome_label(&p.report)).await?;
     verifier::tickets_follow(pool).await?;
     Ok(())
+}
+
+/// The audit outcome of a replay: its decision when nothing was sent,
+/// else how the send ended.
+fn outcome_label(r: &ReplayReport) -> &'static str {
+    match r.decision {
+        ReplayDecision::Sent => r.outcome.as_str(),
+        other => other.as_str(),
+    }
 }
 
 /// Waits for the consumer's verdict (an inbox row past PROCESSING), then
@@ -503,7 +550,7 @@ async fn audit_open(
     .bind(&r.consumer_group)
     .bind(&r.message_id)
     .bind(&r.ticket_id)
-    .bind(&req.operator)
+    .bind(&req.actor.name)
     .bind(req.reason.trim())
     .bind(serde_json::to_value(&r.checks).unwrap_or_default())
     .bind(r.decision)
