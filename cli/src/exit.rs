@@ -59,6 +59,12 @@ impl Exit {
             if cause.downcast_ref::<Refused>().is_some() {
                 return Exit::NoPerm;
             }
+            if cause
+                .downcast_ref::<crate::remote::EngineUnreachable>()
+                .is_some()
+            {
+                return Exit::Unreachable;
+            }
         }
         Exit::Failure
     }

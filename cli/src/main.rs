@@ -3,7 +3,7 @@
 //! Layout: `settings` layers the config, `cmd::*` holds one module per
 //! subcommand (each returns data), `drill` runs the incident drills,
 //! `parse` reads durations and rates, `access` says who the CLI acts as
-//! and whether it may,
+//! and whether it may, `remote` sends mutations to the daemon's operator API,
 //! `output` renders tables or JSON, and `exit` maps errors to exit codes in
 //! one place.
 
@@ -13,6 +13,7 @@ mod drill;
 mod exit;
 mod output;
 mod parse;
+mod remote;
 mod settings;
 
 use clap::{Parser, Subcommand};

@@ -43,6 +43,10 @@ pub struct ConfigFlags {
     /// Refuse every mutation (also `[auth] readonly = true`)
     #[arg(long, global = true)]
     pub readonly: bool,
+    /// Break glass: send this command's mutations over the database URL,
+    /// not through the engine's operator API (audited as direct)
+    #[arg(long, global = true)]
+    pub direct: bool,
 }
 
 /// Builds the config from the real process environment and the working directory.
@@ -87,6 +91,7 @@ pub fn layer(flags: &ConfigFlags, env: &HashMap<String, String>, cwd: &Path) -> 
         cfg.engine_url = v.trim_end_matches('/').to_owned();
     }
     cfg.auth.readonly |= flags.readonly;
+    cfg.auth.direct = flags.direct;
     cfg.auth.token = match env.get(ENV_TOKEN).filter(|t| !t.trim().is_empty()) {
         Some(t) => Some(SecretString::from(t.trim().to_owned())),
         None => match &cfg.auth.token_file {

@@ -61,6 +61,11 @@ pub struct AuthConfig {
     /// the binary, never read from or shown as configuration.
     #[serde(skip)]
     pub token: Option<SecretString>,
+    /// `--direct`: this one command's mutations go over the database URL
+    /// (the audited break glass) instead of the engine's operator API. A
+    /// flag only: never a standing setting.
+    #[serde(skip)]
+    pub direct: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +84,7 @@ impl Default for AuthConfig {
             readonly: false,
             refresh_ms: 2_000,
             token: None,
+            direct: false,
         }
     }
 }

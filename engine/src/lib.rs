@@ -11,14 +11,14 @@
 //!
 //! | layer | folder | what lives there |
 //! |---|---|---|
-//! | surface | `daemon/` | `seckillctl engine run`: every component started and stopped in one place; HTTP (`api` bodies, `http` handlers), `/metrics`, the governor's tick |
+//! | surface | `daemon/` | `seckillctl engine run`: every component started and stopped in one place; HTTP (`api` bodies, `http` handlers, the `auth` token gate, the `ops` operator API), `/metrics`, the governor's tick |
 //! | operations | `dlq/` | the mirror of `%DLQ%` groups, the entry state machine and its verifier, tickets, the webhook, guarded replay, rehearsal, discard |
 //! | | `ops/` | activities, the reconcile of the invariants, pipeline facts, reservation status, Redis state survey and restore |
 //! | | `observe/` | samples of every component, the history and pure views the CLI, TUI and governor share, health probes |
 //! | stages | `pipeline/` | ingress, publish, scan, consume, outbox, order, lifecycle consumers, adaptive concurrency |
 //! | adapters | `reservation/` | the Redis Lua scripts, the reservation store, the epoch and restore of an activity's Redis state |
 //! | | `mq/` | the message-queue boundary and its rocketmq-rust implementation |
-//! | | `store/` | the PostgreSQL pool (migrations, schema guard) and the Redis connection |
+//! | | `store/` | the PostgreSQL pool (migrations, schema guard), the Redis connection, the tokens and the operator audit log |
 //! | setup | `config.rs`, `runtime.rs` | layered configuration; the process's one runtime |
 //! | vocabulary | `domain/` | ids, statuses, message bodies, counters and the stats view, the clock |
 //! | | `decide/` | pure decisions: backlog, scale, alerts, admission, the send circuit, stalls, Redis state |
@@ -55,7 +55,10 @@ pub use config::{
     AuthConfig, AuthMode, Config, ConsumerConfig, DlqConfig, GovernorConfig, LifecycleConfig,
     MqConfig, OutboxConfig, PgConfig, PublisherConfig, ScannerConfig, redact_url,
 };
-pub use daemon::api::{ApiError, PayBody, PayView, Queued, ReserveBody, StatusView};
+pub use daemon::api::{
+    ApiError, CancelBody, DiscardBody, PayBody, PayView, Queued, ReserveBody, StatusView,
+    TicketBody,
+};
 pub use daemon::metrics::METRIC_NAMES;
 pub use daemon::{DaemonError, Listeners, run as run_daemon};
 pub use runtime::ClientRuntime;

@@ -66,6 +66,27 @@ pub fn client_with(token: &str) -> reqwest::Client {
 }
 
 impl TestEnv {
+    /// The operator audit rows that touched `target`, newest first.
+    pub async fn audit_of(&self, target: &str) -> Result<Vec<seckill_engine::AuditRow>> {
+        let filter = seckill_engine::audit::Filter {
+            target: Some(target.to_owned()),
+            limit: 100,
+            ..Default::default()
+        };
+        Ok(seckill_engine::audit::list(&self.pool, &filter).await?)
+    }
+
+    /// Waits until the order consumer has created `order`.
+    pub async fn order_created(&self, order: &str) -> Result<()> {
+        let id: OrderId = order.parse()?;
+        eventually(Duration::from_secs(30), "the order exists", || async {
+            Ok(seckill_engine::order::get(&self.pool, &id)
+                .await?
+                .map(|_| ()))
+        })
+        .await
+    }
+
     /// Issues a token of `role` in this test's database (the bootstrap
     /// path: the database URL is the root credential).
     pub async fn issue_token(&self, name: &str, role: seckill_engine::Role) -> Result<String> {

@@ -5,9 +5,7 @@
 //! a payment leaves an audit row with the order before and after.
 
 use anyhow::{Result, ensure};
-use seckill_engine::{
-    ActivityId, AuthMode, Config, RequestId, Role, SkuId, TokenError, audit, tokens,
-};
+use seckill_engine::{ActivityId, AuthMode, Config, RequestId, Role, SkuId, TokenError, tokens};
 use seckill_tests::{Engine, Setup, TestEnv, client_with, eventually, run, test_actor};
 use std::time::Duration;
 
@@ -122,12 +120,7 @@ fn every_route_needs_its_role_and_the_probes_stay_open() {
         ensure!(c.of(Role::Reader).get(&stats).send().await?.status() == 200);
 
         // Pay: payments (and admin). The operator may not mark money paid.
-        eventually(Duration::from_secs(30), "the order exists", || async {
-            Ok(seckill_engine::order::get(&env.pool, &order.parse()?)
-                .await?
-                .map(|_| ()))
-        })
-        .await?;
+        env.order_created(&order).await?;
         let pay = format!("{base}/v1/orders/{order}/pay");
         refused(c.none.post(&pay).send().await?, 401, "UNAUTHENTICATED").await?;
         for r in [Role::Ingress, Role::Reader, Role::Operator] {
@@ -142,15 +135,7 @@ fn every_route_needs_its_role_and_the_probes_stay_open() {
         ensure!(paid.status() == 200, "{}", paid.status());
 
         // The audit row: who, what, the order before and after.
-        let rows = audit::list(
-            &env.pool,
-            &audit::Filter {
-                target: Some(order.clone()),
-                limit: 10,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let rows = env.audit_of(&order).await?;
         ensure!(rows.len() == 1, "{rows:?}");
         let row = &rows[0];
         ensure!(row.actor == "t-payments" && row.role == "payments" && row.via == "token");
@@ -212,15 +197,7 @@ fn a_revoked_token_stops_working_within_the_refresh_and_names_are_unique() {
             Err(TokenError::AlreadyRevoked(_))
         ));
         // Both changes are in the audit log.
-        let rows = audit::list(
-            &env.pool,
-            &audit::Filter {
-                target: Some("ops-1".into()),
-                limit: 10,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let rows = env.audit_of("ops-1").await?;
         let commands: Vec<&str> = rows.iter().map(|r| r.command.as_str()).collect();
         ensure!(
             commands == ["auth token revoke", "auth token create"],
@@ -278,5 +255,131 @@ fn a_new_token_works_at_once_admin_listen_moves_the_probes_and_open_mode_asks_no
             .status();
         ensure!(got == 200, "open mode answered {got}");
         open.stop().await
+    });
+}
+
+#[test]
+fn the_operator_api_needs_an_operator_and_audits_under_the_token() {
+    run(Setup::Full, |env| async move {
+        env.seed_activity(ACTIVITY, SKU, 10, 300_000).await?;
+        let c = Callers::issue(&env).await?;
+        let engine = Engine::start(&env, engine_cfg(&env)).await?;
+        let base = format!("http://{}", engine.addr);
+
+        // An order to cancel.
+        let queued: serde_json::Value = reserve(c.of(Role::Ingress), &engine, 7)
+            .await?
+            .json()
+            .await?;
+        let order = queued["order_id"].as_str().unwrap_or_default().to_owned();
+        env.order_created(&order).await?;
+        // A ticket to move.
+        let ticket = seckill_engine::TicketId::generate();
+        sqlx::query(
+            "INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class) VALUES ($1, 'CG_X', 'UNKNOWN')",
+        )
+        .bind(&ticket)
+        .execute(&env.pool)
+        .await?;
+
+        let cancel = format!("{base}/v1/ops/orders/{order}/cancel");
+        let cancel_body = serde_json::json!({"reason": "fraud"});
+        let moves = format!("{base}/v1/ops/tickets/{ticket}");
+        let ack = serde_json::json!({"action": "ack"});
+        let discard = format!("{base}/v1/ops/dlq/discard");
+        let discard_body = serde_json::json!({
+            "message_id": seckill_engine::MessageId::generate().as_str(),
+            "reason": "poison"
+        });
+        for (url, body) in [
+            (&cancel, &cancel_body),
+            (&moves, &ack),
+            (&discard, &discard_body),
+        ] {
+            refused(
+                c.none.post(url).json(body).send().await?,
+                401,
+                "UNAUTHENTICATED",
+            )
+            .await?;
+            for r in [Role::Ingress, Role::Payments, Role::Reader] {
+                refused(c.of(r).post(url).json(body).send().await?, 403, "FORBIDDEN").await?;
+            }
+        }
+        // Bad input is a 400 before anything is touched.
+        let blank = c
+            .of(Role::Operator)
+            .post(&cancel)
+            .json(&serde_json::json!({"reason": " "}))
+            .send()
+            .await?;
+        refused(blank, 400, "NO_REASON").await?;
+        // The operator may.
+        let ok = c
+            .of(Role::Operator)
+            .post(&cancel)
+            .json(&cancel_body)
+            .send()
+            .await?;
+        ensure!(ok.status() == 200, "{}", ok.status());
+        let again = c
+            .of(Role::Operator)
+            .post(&cancel)
+            .json(&cancel_body)
+            .send()
+            .await?;
+        ensure!(again.status() == 409, "a second cancel: {}", again.status());
+        let moved = c.of(Role::Operator).post(&moves).json(&ack).send().await?;
+        ensure!(moved.status() == 200, "{}", moved.status());
+        let t: serde_json::Value = moved.json().await?;
+        ensure!(t["status"] == "ACKED", "{t}");
+        let unknown = c
+            .of(Role::Operator)
+            .post(&discard)
+            .json(&discard_body)
+            .send()
+            .await?;
+        refused(unknown, 404, "UNKNOWN_MESSAGE").await?;
+
+        // The audit rows name the token, with the state before and after.
+        let canceled = env.audit_of(&order).await?;
+        let seen: Vec<(&str, &str, &str)> = canceled
+            .iter()
+            .map(|r| (r.command.as_str(), r.outcome.as_str(), r.actor.as_str()))
+            .collect();
+        ensure!(
+            seen == [
+                ("order cancel", "NOOP_ALREADY_CANCELED", "t-operator"),
+                ("order cancel", "CANCELED", "t-operator")
+            ],
+            "{seen:?}"
+        );
+        let first = &canceled[1];
+        ensure!(
+            first
+                .before
+                .as_ref()
+                .is_some_and(|b| b["status"] == "CREATED")
+        );
+        ensure!(
+            first
+                .after
+                .as_ref()
+                .is_some_and(|a| a["status"] == "CANCELED")
+        );
+        ensure!(first.reason.as_deref() == Some("OPERATOR: fraud"));
+        let acked = env.audit_of(ticket.as_str()).await?;
+        ensure!(
+            acked.len() == 1 && acked[0].command == "dlq ticket ack",
+            "{acked:?}"
+        );
+        ensure!(
+            acked[0]
+                .before
+                .as_ref()
+                .is_some_and(|b| b["status"] == "OPEN")
+        );
+        ensure!(acked[0].via == "token" && acked[0].role == "operator");
+        engine.stop().await
     });
 }

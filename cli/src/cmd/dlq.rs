@@ -6,11 +6,11 @@ use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use chrono::Utc;
 use seckill_engine::{
-    Actor, ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DiscardError,
-    DiscardReport, DiscardRequest, DlqEntry, DlqEntryKey, DlqEntryStatus, EntryDetail, MessageId,
-    Names, ReplayCheck as Check, ReplayDecision, ReplayError, ReplayOutcome, ReplayReport,
-    ReplayRequest, RocketProducer, Sender, Ticket, TicketAction, TicketId, TicketStatus, Via, db,
-    replay, tickets,
+    Actor, ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DiscardBody,
+    DiscardError, DiscardReport, DiscardRequest, DlqEntry, DlqEntryKey, DlqEntryStatus,
+    EntryDetail, MessageId, Names, ReplayCheck as Check, ReplayDecision, ReplayError,
+    ReplayOutcome, ReplayReport, ReplayRequest, RocketProducer, Sender, Ticket, TicketAction,
+    TicketBody, TicketId, TicketStatus, Via, db, replay, tickets,
 };
 use serde::Serialize;
 use std::sync::Arc;
@@ -109,6 +109,43 @@ impl Tabular for Discarded {
     }
 }
 
+/// A ticket move as the operator API's body.
+fn body_of(a: &TicketAction) -> TicketBody {
+    match a {
+        TicketAction::Ack => TicketBody::Ack,
+        TicketAction::Assign { owner } => TicketBody::Assign {
+            owner: owner.clone(),
+        },
+        TicketAction::Resolve => TicketBody::Resolve,
+        TicketAction::Close { resolution, force } => TicketBody::Close {
+            resolution: resolution.clone(),
+            force: *force,
+        },
+    }
+}
+
+/// Discards one entry through the engine's operator API: the report, or
+/// the refusal (a 4xx: unknown, ambiguous, refused by the entry's state).
+async fn discard_remote(
+    cfg: &Config,
+    req: &DiscardRequest,
+) -> Result<std::result::Result<DiscardReport, (u16, String)>> {
+    let reply = crate::remote::post(
+        cfg,
+        "/v1/ops/dlq/discard",
+        &DiscardBody {
+            message_id: req.message_id.clone(),
+            group: req.group.clone(),
+            reason: req.reason.clone(),
+        },
+    )
+    .await?;
+    Ok(match reply.status {
+        200 => Ok(reply.parse()?),
+        status => Err((status, reply.reason())),
+    })
+}
+
 async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Result<Exit> {
     let names = Names::new(cfg.topic_prefix.clone());
     let operator = args
@@ -152,6 +189,19 @@ async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Resu
             reason: args.reason.clone(),
             operator: operator.clone(),
         };
+        if !cfg.auth.direct {
+            match discard_remote(cfg, &req).await? {
+                Ok(r) => out.discarded.push(r),
+                // As the direct path: the entry's own refusal is listed; an
+                // unknown or ambiguous id asked for by itself is bad input.
+                Err((409, why)) => out.refused.push((id.to_string(), why)),
+                Err((_, why)) if args.ticket.is_none() => {
+                    return Err(UsageError(why).into());
+                }
+                Err((_, why)) => out.refused.push((id.to_string(), why)),
+            }
+            continue;
+        }
         let actor = Actor::database_url(&operator, Via::Direct);
         match seckill_engine::discard(pool, &names, &req, &actor).await {
             Ok(r) => out.discarded.push(r),
@@ -555,6 +605,19 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
                 TicketCmd::List { .. } | TicketCmd::Show { .. } => unreachable!("handled above"),
             };
             crate::access::writable(cfg, action.command())?;
+            if !cfg.auth.direct {
+                let reply = crate::remote::post(
+                    cfg,
+                    &format!("/v1/ops/tickets/{ticket}"),
+                    &body_of(&action),
+                )
+                .await?;
+                if reply.status != 200 {
+                    return Err(reply.usage());
+                }
+                return render(out, output, &Tickets(vec![reply.parse::<Ticket>()?]))
+                    .map(|()| Exit::Ok);
+            }
             let t = match tickets::apply(&pool, &ticket, &action, &crate::access::direct()).await {
                 Ok(t) => t,
                 Err(ApplyError::Ticket(e)) => return Err(UsageError(e.to_string()).into()),

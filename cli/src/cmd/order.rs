@@ -1,13 +1,17 @@
 //! `seckillctl order pay|cancel|show`: the payment and cancel levers of
-//! docs/architecture.md §8, straight against PostgreSQL (the same conditional updates
-//! the daemon runs), so a race can be reproduced and an order settled by
-//! hand. The events and the Redis release they queue are published by a
-//! running engine's outbox publisher.
+//! docs/architecture.md §8. A cancel goes through the engine's operator API
+//! with the CLI's token (docs/security.md); with `--direct`, and for `pay`
+//! (the payment provider's word, over the database URL, audited as direct),
+//! the same conditional updates run straight against PostgreSQL. The events
+//! and the Redis release they queue are published by a running engine's
+//! outbox publisher.
 
 use crate::exit::{Exit, UsageError};
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::{CancelOutcome, Config, Names, OrderId, OrderRow, PayOutcome, db, order};
+use seckill_engine::{
+    CancelBody, CancelOutcome, Config, Names, OrderId, OrderRow, PayOutcome, PayView, db, order,
+};
 use serde::Serialize;
 
 #[derive(Debug, clap::Subcommand)]
@@ -91,6 +95,17 @@ pub async fn run(cmd: OrderCmd, cfg: &Config) -> Result<Exit> {
         OrderCmd::Pay { .. } => crate::access::writable(cfg, "order pay")?,
         OrderCmd::Cancel { .. } => crate::access::writable(cfg, "order cancel")?,
         OrderCmd::Show { .. } => {}
+    }
+    if let OrderCmd::Cancel {
+        order_id,
+        reason,
+        output,
+    } = &cmd
+        && !cfg.auth.direct
+    {
+        let (answer, exit) = cancel_remote(cfg, order_id, reason).await?;
+        render(&mut std::io::stdout().lock(), *output, &answer)?;
+        return Ok(exit);
     }
     let pool = db::connect(cfg).await?;
     let names = Names::new(cfg.topic_prefix.clone());
@@ -205,6 +220,46 @@ async fn cancel(
             Exit::Warn,
         )),
     }
+}
+
+/// `order cancel` through the engine's operator API (role operator): the
+/// same cancel, audited under the CLI's token.
+async fn cancel_remote(
+    cfg: &Config,
+    order_id: &OrderId,
+    reason: &str,
+) -> Result<(OrderAnswer, Exit)> {
+    if reason.trim().is_empty() {
+        return Err(UsageError("--reason must not be empty".into()).into());
+    }
+    let reply = crate::remote::post(
+        cfg,
+        &format!("/v1/ops/orders/{order_id}/cancel"),
+        &CancelBody {
+            reason: reason.trim().to_owned(),
+        },
+    )
+    .await?;
+    let (exit, hint) = match reply.status {
+        200 => (
+            Exit::Ok,
+            "canceled; stock returned in PostgreSQL, Redis release queued in the outbox",
+        ),
+        409 => (
+            Exit::Warn,
+            "nothing changed: only an unpaid order can be canceled",
+        ),
+        _ => return Err(reply.usage()),
+    };
+    let view: PayView = reply.parse()?;
+    Ok((
+        OrderAnswer {
+            outcome: view.outcome,
+            order: view.order,
+            hint: Some(hint),
+        },
+        exit,
+    ))
 }
 
 /// `order show`.

@@ -56,3 +56,38 @@ pub struct PayView {
     pub outcome: String,
     pub order: Option<OrderRow>,
 }
+
+/// `POST /v1/ops/orders/{id}/cancel` (role operator): an operator's cancel,
+/// now (docs/architecture.md §8.3).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    pub reason: String,
+}
+
+/// `POST /v1/ops/tickets/{id}` (role operator): one ticket move.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "lowercase", deny_unknown_fields)]
+pub enum TicketBody {
+    Ack,
+    Assign {
+        owner: String,
+    },
+    Resolve,
+    Close {
+        resolution: String,
+        #[serde(default)]
+        force: bool,
+    },
+}
+
+/// `POST /v1/ops/dlq/discard` (role operator): end one dead message
+/// without its effect (docs/architecture.md §9.2).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscardBody {
+    pub message_id: MessageId,
+    #[serde(default)]
+    pub group: Option<String>,
+    pub reason: String,
+}

@@ -7,6 +7,7 @@
 use crate::daemon::api::{ApiError, PayBody, PayView, Queued, ReserveBody, StatusView};
 use crate::daemon::auth::{self, Gate};
 use crate::daemon::governor::{Governor, SIGNAL_WINDOW};
+use crate::daemon::ops;
 use crate::domain::auth::{Actor, Need};
 use crate::domain::ids::{ActivityId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats, StatsView};
@@ -70,6 +71,13 @@ pub fn router(state: AppState, gate: Arc<Gate>) -> Router {
                 .route("/v1/stats", get(stats))
                 .route_layer(needs(Need::Read)),
         )
+        .merge(
+            Router::new()
+                .route("/v1/ops/orders/{id}/cancel", post(ops::order_cancel))
+                .route("/v1/ops/tickets/{id}", post(ops::ticket_move))
+                .route("/v1/ops/dlq/discard", post(ops::discard))
+                .route_layer(needs(Need::Operate)),
+        )
         .with_state(state)
 }
 
@@ -83,7 +91,7 @@ pub fn admin_router(state: AppState) -> Router {
         .with_state(state)
 }
 
-fn reject(status: StatusCode, error: &str, reason: impl Into<String>) -> Response {
+pub(super) fn reject(status: StatusCode, error: &str, reason: impl Into<String>) -> Response {
     (
         status,
         Json(ApiError {

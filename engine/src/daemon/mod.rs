@@ -16,6 +16,7 @@ pub mod governor;
 pub mod http;
 mod loops;
 pub mod metrics;
+mod ops;
 mod parts;
 mod restart;
 

@@ -41,7 +41,7 @@ pub struct DiscardRequest {
     pub operator: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct DiscardReport {
     pub consumer_group: String,
     pub message_id: MessageId,

@@ -81,7 +81,7 @@ pub fn transition(
 }
 
 /// One ticket with its entry counts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::FromRow)]
 pub struct Ticket {
     pub ticket_id: TicketId,
     pub consumer_group: String,
