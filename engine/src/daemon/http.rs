@@ -4,43 +4,24 @@
 //! touching Redis: a malformed request gets a 4xx with a reason and writes
 //! nothing.
 
-use crate::daemon::api::{ApiError, PayBody, PayView, Queued, ReserveBody, StatusView};
+use crate::daemon::api::{PayBody, PayView, Queued, ReserveBody, StatusView};
 use crate::daemon::auth::{self, Gate};
-use crate::daemon::governor::{Governor, SIGNAL_WINDOW};
 use crate::daemon::ops;
+pub use crate::daemon::state::AppState;
+use crate::daemon::state::reject;
 use crate::domain::auth::{Actor, Need};
 use crate::domain::ids::{ActivityId, OrderId, RequestId, ReservationId, SkuId, UserId};
-use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats, StatsView};
-use crate::mq::Names;
-use crate::pipeline::ingress::{Ingress, Refusal, ReserveCall};
+use crate::domain::stats::StatsView;
+use crate::pipeline::ingress::{Refusal, ReserveCall};
 use crate::pipeline::order::{self, PayOutcome};
-use crate::reservation::ReservationStore;
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use sqlx::PgPool;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-#[derive(Clone)]
-pub struct AppState {
-    pub ingress: Ingress,
-    pub store: ReservationStore,
-    pub pool: PgPool,
-    pub stats: Arc<PublishStats>,
-    pub circuit: Arc<crate::pipeline::circuit::SendCircuit>,
-    pub lifecycle: Arc<LifecycleStats>,
-    pub consume: Arc<ConsumeStats>,
-    pub governor: Arc<Governor>,
-    pub names: Names,
-    /// Set once every component has started; cleared on shutdown.
-    pub ready: Arc<AtomicBool>,
-    /// The order consumer pulls (or stopped waiting to; see `daemon`).
-    pub consuming: Arc<AtomicBool>,
-}
+use std::sync::atomic::Ordering;
 
 /// The API: every route behind the gate, grouped by what it needs
 /// (docs/security.md, "Roles").
@@ -89,18 +70,6 @@ pub fn admin_router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state)
-}
-
-pub(super) fn reject(status: StatusCode, error: &str, reason: impl Into<String>) -> Response {
-    (
-        status,
-        Json(ApiError {
-            error: error.to_owned(),
-            reason: reason.into(),
-            retryable: status == StatusCode::SERVICE_UNAVAILABLE,
-        }),
-    )
-        .into_response()
 }
 
 /// Parses and validates the request, then hands it to [`Ingress`]; every
@@ -268,20 +237,6 @@ async fn order_show(State(state): State<AppState>, Path(id): Path<String>) -> Re
             "UNAVAILABLE",
             e.to_string(),
         ),
-    }
-}
-
-impl AppState {
-    pub fn stats_view(&self) -> StatsView {
-        StatsView::of(
-            &self.stats,
-            &self.lifecycle,
-            &self.consume,
-            SIGNAL_WINDOW,
-            crate::store::db::pool_view(&self.pool),
-            self.governor.view(),
-            self.circuit.view(),
-        )
     }
 }
 

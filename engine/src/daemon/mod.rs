@@ -19,6 +19,7 @@ pub mod metrics;
 mod ops;
 mod parts;
 mod restart;
+mod state;
 
 use crate::config::Config;
 use crate::daemon::auth::Gate;

@@ -6,7 +6,7 @@
 //! an entry that cannot be discarded) is a 409 with its reason.
 
 use crate::daemon::api::{CancelBody, DiscardBody, PayView, TicketBody};
-use crate::daemon::http::{AppState, reject};
+use crate::daemon::state::{AppState, reject};
 use crate::dlq::discard::{DiscardError, DiscardRequest, discard as discard_entry};
 use crate::dlq::tickets::{self, ApplyError, TicketAction, TicketError};
 use crate::domain::auth::Actor;

@@ -1,0 +1,60 @@
+//! What every HTTP handler shares: the daemon's state and the one way a
+//! request is refused. Its own file so the API's handlers (`http`) and the
+//! operator API (`ops`) both sit above it, and neither imports the other.
+
+use crate::daemon::api::ApiError;
+use crate::daemon::governor::{Governor, SIGNAL_WINDOW};
+use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats, StatsView};
+use crate::mq::Names;
+use crate::pipeline::ingress::Ingress;
+use crate::reservation::ReservationStore;
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub ingress: Ingress,
+    pub store: ReservationStore,
+    pub pool: PgPool,
+    pub stats: Arc<PublishStats>,
+    pub circuit: Arc<crate::pipeline::circuit::SendCircuit>,
+    pub lifecycle: Arc<LifecycleStats>,
+    pub consume: Arc<ConsumeStats>,
+    pub governor: Arc<Governor>,
+    pub names: Names,
+    /// Set once every component has started; cleared on shutdown.
+    pub ready: Arc<AtomicBool>,
+    /// The order consumer pulls (or stopped waiting to; see `daemon`).
+    pub consuming: Arc<AtomicBool>,
+}
+
+impl AppState {
+    pub fn stats_view(&self) -> StatsView {
+        StatsView::of(
+            &self.stats,
+            &self.lifecycle,
+            &self.consume,
+            SIGNAL_WINDOW,
+            crate::store::db::pool_view(&self.pool),
+            self.governor.view(),
+            self.circuit.view(),
+        )
+    }
+}
+
+/// Every 4xx and 5xx: a stable code and a reason for people.
+pub(super) fn reject(status: StatusCode, error: &str, reason: impl Into<String>) -> Response {
+    (
+        status,
+        Json(ApiError {
+            error: error.to_owned(),
+            reason: reason.into(),
+            retryable: status == StatusCode::SERVICE_UNAVAILABLE,
+        }),
+    )
+        .into_response()
+}
