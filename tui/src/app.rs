@@ -12,7 +12,7 @@ use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use seckill_engine::{
     Actor, ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayRequest,
-    RocketProducer, Sender, Source, TicketAction, Via, Watch, db, replay, tickets,
+    RocketProducer, Sender, Source, Ticket, TicketBody, TicketId, Via, Watch, db, replay, tickets,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -228,22 +228,45 @@ async fn answer(
             );
             Msg::Replayed(run_replay(cfg, rt, pool, &names, &req).await)
         }
+        // Ticket moves go through the engine's operator API with the
+        // screen's token (docs/security.md), as the CLI's do.
         Effect::Ack(ticket_id) => Msg::TicketChanged(
-            tickets::apply(pool, &ticket_id, &TicketAction::Ack, &actor(operator))
+            move_ticket(cfg, &ticket_id, &TicketBody::Ack)
                 .await
                 .map_err(|e| err(&e)),
         ),
         Effect::Assign { ticket_id, owner } => Msg::TicketChanged(
-            tickets::apply(
-                pool,
-                &ticket_id,
-                &TicketAction::Assign { owner },
-                &actor(operator),
-            )
-            .await
-            .map_err(|e| err(&e)),
+            move_ticket(cfg, &ticket_id, &TicketBody::Assign { owner })
+                .await
+                .map_err(|e| err(&e)),
         ),
     }
+}
+
+/// One ticket move through `POST /v1/ops/tickets/{id}`: the ticket as it
+/// now stands, or the engine's reason for refusing (a missing or weak
+/// token, a move the lifecycle forbids, no engine).
+async fn move_ticket(cfg: &Config, id: &TicketId, body: &TicketBody) -> Result<Ticket, String> {
+    let url = format!("{}/v1/ops/tickets/{id}", cfg.engine_url);
+    let resp = cfg
+        .engine_http()
+        .post(&url)
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach the engine at {}: {e}", cfg.engine_url))?;
+    let status = resp.status();
+    let value: serde_json::Value = resp.json().await.unwrap_or_default();
+    if status.is_success() {
+        return serde_json::from_value(value).map_err(|e| e.to_string());
+    }
+    let reason = value["reason"].as_str().unwrap_or("no reason given");
+    Err(match status.as_u16() {
+        401 | 403 => {
+            format!("refused ({status}): {reason}; set SECKILL_TOKEN to an operator token")
+        }
+        _ => format!("{status}: {reason}"),
+    })
 }
 
 /// The screen acts over the database URL: its audit rows say so, with the
