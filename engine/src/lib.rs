@@ -56,8 +56,8 @@ pub use config::{
     MqConfig, OutboxConfig, PgConfig, PublisherConfig, ScannerConfig, redact_url,
 };
 pub use daemon::api::{
-    ApiError, CancelBody, DiscardBody, PayBody, PayView, Queued, ReserveBody, StatusView,
-    TicketBody,
+    ApiError, CancelBody, DiscardBody, OpError, OpReply, PayBody, PayView, Queued, ReserveBody,
+    StatusView, TicketBody, post_op,
 };
 pub use daemon::metrics::METRIC_NAMES;
 pub use daemon::{DaemonError, Listeners, run as run_daemon};

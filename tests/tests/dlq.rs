@@ -291,15 +291,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         assert_eq!((e.status, e.replay_count), (DlqEntryStatus::Verified, 1));
         // The operator audit log: the dry run and the replay, each an intent
         // completed with the entry after (docs/security.md).
-        let rows = seckill_engine::audit::list(
-            &env.pool,
-            &seckill_engine::audit::Filter {
-                target: Some(done.message_id.to_string()),
-                limit: 10,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let rows = env.audit_of(done.message_id.as_str()).await?;
         let seen: Vec<(&str, &str)> = rows
             .iter()
             .map(|r| (r.command.as_str(), r.outcome.as_str()))
@@ -432,15 +424,7 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
         assert!(t.closed_at.is_some());
         // Both moves are in the operator audit log with the ticket before
         // and after; the refused close (empty resolution) is not.
-        let rows = seckill_engine::audit::list(
-            &env.pool,
-            &seckill_engine::audit::Filter {
-                target: Some(ticket.to_string()),
-                limit: 10,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let rows = env.audit_of(ticket.as_str()).await?;
         let seen: Vec<(&str, &str)> = rows
             .iter()
             .map(|r| (r.command.as_str(), r.outcome.as_str()))
@@ -1275,35 +1259,15 @@ fn a_discard_is_fenced_compensates_an_order_message_once_and_is_audited() {
             message_id: m.message_id.clone(),
             group: None,
             reason: reason.into(),
-            operator: "test".into(),
+            actor: seckill_tests::test_actor(),
         };
         assert!(matches!(
-            seckill_engine::discard(
-                &env.pool,
-                &env.names,
-                &req(" "),
-                &seckill_tests::test_actor()
-            )
-            .await,
+            seckill_engine::discard(&env.pool, &env.names, &req(" ")).await,
             Err(seckill_engine::DiscardError::NoReason)
         ));
-        let r = seckill_engine::discard(
-            &env.pool,
-            &env.names,
-            &req("poison for good"),
-            &seckill_tests::test_actor(),
-        )
-        .await?;
+        let r = seckill_engine::discard(&env.pool, &env.names, &req("poison for good")).await?;
         assert!(r.compensated, "{r:?}");
-        let audited = seckill_engine::audit::list(
-            &env.pool,
-            &seckill_engine::audit::Filter {
-                target: Some(m.message_id.to_string()),
-                limit: 10,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let audited = env.audit_of(m.message_id.as_str()).await?;
         assert_eq!(audited.len(), 1, "{audited:?}");
         assert_eq!(audited[0].command, "dlq discard");
         assert_eq!(audited[0].reason.as_deref(), Some("poison for good"));
@@ -1340,13 +1304,7 @@ fn a_discard_is_fenced_compensates_an_order_message_once_and_is_audited() {
         assert_eq!(t.status, TicketStatus::Verified, "every entry settled");
         // Twice: refused, nothing written again.
         assert!(matches!(
-            seckill_engine::discard(
-                &env.pool,
-                &env.names,
-                &req("again"),
-                &seckill_tests::test_actor()
-            )
-            .await,
+            seckill_engine::discard(&env.pool, &env.names, &req("again")).await,
             Err(seckill_engine::DiscardError::Refused { .. })
         ));
         // A copy still on its way (the broker's retry) is a no-op: never

@@ -247,26 +247,13 @@ async fn answer(
 /// now stands, or the engine's reason for refusing (a missing or weak
 /// token, a move the lifecycle forbids, no engine).
 async fn move_ticket(cfg: &Config, id: &TicketId, body: &TicketBody) -> Result<Ticket, String> {
-    let url = format!("{}/v1/ops/tickets/{id}", cfg.engine_url);
-    let resp = cfg
-        .engine_http()
-        .post(&url)
-        .json(body)
-        .send()
+    let reply = seckill_engine::post_op(cfg, &format!("/v1/ops/tickets/{id}"), body)
         .await
-        .map_err(|e| format!("cannot reach the engine at {}: {e}", cfg.engine_url))?;
-    let status = resp.status();
-    let value: serde_json::Value = resp.json().await.unwrap_or_default();
-    if status.is_success() {
-        return serde_json::from_value(value).map_err(|e| e.to_string());
+        .map_err(|e| e.to_string())?;
+    match reply.status {
+        200 => reply.parse().map_err(|e| e.to_string()),
+        status => Err(format!("{status}: {}", reply.reason())),
     }
-    let reason = value["reason"].as_str().unwrap_or("no reason given");
-    Err(match status.as_u16() {
-        401 | 403 => {
-            format!("refused ({status}): {reason}; set SECKILL_TOKEN to an operator token")
-        }
-        _ => format!("{status}: {reason}"),
-    })
 }
 
 /// The screen acts over the database URL: its audit rows say so, with the

@@ -155,7 +155,7 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
                 .before(&before);
             let id = audit::open(&pool, &actor, &entry).await?;
             let done = restore(cfg, rt, &pool, &store, &req, wait).await;
-            complete(&pool, id, &done).await?;
+            audit::finish(&pool, id, &done).await?;
             return render(&mut std::io::stdout().lock(), output, &done?);
         }
         ActivityCmd::Create {
@@ -187,7 +187,7 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
                 .before(&before);
             let id = audit::open(&pool, &crate::access::direct(), &entry).await?;
             let done = activity::create(&pool, &store, &a).await;
-            complete(&pool, id, &done).await?;
+            audit::finish(&pool, id, &done).await?;
             (done?, output)
         }
         ActivityCmd::Show { activity, output } => {
@@ -195,24 +195,6 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
         }
     };
     render(&mut std::io::stdout().lock(), output, &view)
-}
-
-/// Completes an intent row with what came of it: the state after, or the
-/// error.
-async fn complete<T: serde::Serialize, E: std::fmt::Display>(
-    pool: &sqlx::PgPool,
-    id: seckill_engine::AuditId,
-    done: &Result<T, E>,
-) -> Result<()> {
-    let (after, outcome) = match done {
-        Ok(v) => (serde_json::to_value(v).ok(), "OK"),
-        Err(e) => (
-            Some(serde_json::json!({ "error": e.to_string() })),
-            "FAILED",
-        ),
-    };
-    audit::complete(pool, id, after, outcome).await?;
-    Ok(())
 }
 
 /// Checks first that there is something to restore, then waits until the

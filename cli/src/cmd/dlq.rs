@@ -187,7 +187,7 @@ async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Resu
             message_id: id.clone(),
             group,
             reason: args.reason.clone(),
-            operator: operator.clone(),
+            actor: Actor::database_url(&operator, Via::Direct),
         };
         if !cfg.auth.direct {
             match discard_remote(cfg, &req).await? {
@@ -202,8 +202,7 @@ async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Resu
             }
             continue;
         }
-        let actor = Actor::database_url(&operator, Via::Direct);
-        match seckill_engine::discard(pool, &names, &req, &actor).await {
+        match seckill_engine::discard(pool, &names, &req).await {
             Ok(r) => out.discarded.push(r),
             Err(DiscardError::Db(e)) => return Err(e.into()),
             Err(
@@ -613,7 +612,7 @@ pub async fn run(cmd: DlqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Ex
                 )
                 .await?;
                 if reply.status != 200 {
-                    return Err(reply.usage());
+                    return Err(crate::remote::usage(&reply));
                 }
                 return render(out, output, &Tickets(vec![reply.parse::<Ticket>()?]))
                     .map(|()| Exit::Ok);

@@ -69,11 +69,7 @@ pub async fn run(cmd: MqCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()>
         MqCmd::Setup { wait } => {
             let done = setup(&admin, cfg, wait).await;
             if let Some((pool, id)) = audited {
-                let (after, outcome) = match &done {
-                    Ok(lines) => (serde_json::json!({ "ensured": lines }), "OK"),
-                    Err(e) => (serde_json::json!({ "error": format!("{e:#}") }), "FAILED"),
-                };
-                audit::complete(&pool, id, Some(after), outcome).await?;
+                audit::finish(&pool, id, &done).await?;
             }
             done.map(|lines| {
                 for line in lines {

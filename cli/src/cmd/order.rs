@@ -249,7 +249,7 @@ async fn cancel_remote(
             Exit::Warn,
             "nothing changed: only an unpaid order can be canceled",
         ),
-        _ => return Err(reply.usage()),
+        _ => return Err(crate::remote::usage(&reply)),
     };
     let view: PayView = reply.parse()?;
     Ok((

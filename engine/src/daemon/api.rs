@@ -91,3 +91,73 @@ pub struct DiscardBody {
     pub group: Option<String>,
     pub reason: String,
 }
+
+/// An answer of the operator API: its status and JSON body (a 2xx, or a
+/// 4xx the caller maps to its own words).
+#[derive(Debug, Clone)]
+pub struct OpReply {
+    pub status: u16,
+    pub body: serde_json::Value,
+}
+
+impl OpReply {
+    /// The body as `T`: a 2xx, or a 409 that carries the state as it is.
+    pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_value(self.body.clone())
+    }
+
+    /// The [`ApiError`]'s reason, or the bare status.
+    pub fn reason(&self) -> String {
+        self.body["reason"].as_str().map_or_else(
+            || format!("the engine answered {}", self.status),
+            str::to_owned,
+        )
+    }
+}
+
+/// Why the operator API gave no answer to act on.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// No answer, or a 5xx: the engine's to fix.
+    #[error("cannot reach the engine at {url} ({why})")]
+    Unreachable { url: String, why: String },
+    /// A 401 or 403 (docs/security.md): the caller's token.
+    #[error(
+        "the engine refused this caller ({status}): {reason}; set SECKILL_TOKEN (or [auth] token_file) to an operator token"
+    )]
+    Refused { status: u16, reason: String },
+}
+
+/// POSTs `body` to a running engine's operator API (`cfg.engine_url` +
+/// `path`) with the configured token: the one client the CLI and the TUI
+/// share.
+pub async fn post_op<B: Serialize>(
+    cfg: &crate::config::Config,
+    path: &str,
+    body: &B,
+) -> Result<OpReply, OpError> {
+    let unreachable = |why: String| OpError::Unreachable {
+        url: cfg.engine_url.clone(),
+        why,
+    };
+    let resp = cfg
+        .engine_http()
+        .post(format!("{}{path}", cfg.engine_url))
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let status = resp.status().as_u16();
+    let reply = OpReply {
+        status,
+        body: resp.json().await.unwrap_or_default(),
+    };
+    match status {
+        401 | 403 => Err(OpError::Refused {
+            status,
+            reason: reply.reason(),
+        }),
+        500.. => Err(unreachable(format!("{status}: {}", reply.reason()))),
+        _ => Ok(reply),
+    }
+}

@@ -134,9 +134,9 @@ pub(super) async fn discard(
         message_id: body.message_id,
         group: body.group,
         reason: body.reason,
-        operator: actor.name.clone(),
+        actor,
     };
-    match discard_entry(&state.pool, &state.names, &req, &actor).await {
+    match discard_entry(&state.pool, &state.names, &req).await {
         Ok(r) => Json(r).into_response(),
         Err(DiscardError::Db(e)) => unavailable(e),
         Err(e) => {

@@ -38,7 +38,9 @@ pub struct DiscardRequest {
     pub message_id: MessageId,
     pub group: Option<String>,
     pub reason: String,
-    pub operator: String,
+    /// Who asks: named on the `replay_audit` row and on the
+    /// `operator_audit` row (docs/security.md).
+    pub actor: Actor,
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -70,7 +72,6 @@ pub async fn discard(
     pool: &PgPool,
     names: &Names,
     req: &DiscardRequest,
-    actor: &Actor,
 ) -> Result<DiscardReport, DiscardError> {
     if req.reason.trim().is_empty() {
         return Err(DiscardError::NoReason);
@@ -221,7 +222,7 @@ pub async fn discard(
     .bind(&audit_id)
     .bind(&group)
     .bind(id)
-    .bind(&req.operator)
+    .bind(&req.actor.name)
     .bind(req.reason.trim())
     .bind(ReplayDecision::Discarded)
     .bind(ReplayOutcome::NotSent)
@@ -234,7 +235,7 @@ pub async fn discard(
         .before(serde_json::json!({ "status": status, "replay_count": replay_count }))
         .after(serde_json::json!({ "status": to, "compensated": compensated }))
         .outcome("DISCARDED");
-    audit::record(&mut tx, actor, &entry).await?;
+    audit::record(&mut tx, &req.actor, &entry).await?;
     tx.commit().await?;
     super::verifier::tickets_follow(pool).await?;
     Ok(DiscardReport {

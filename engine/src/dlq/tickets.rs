@@ -186,14 +186,10 @@ pub async fn apply(
         _ => {}
     }
     let mut tx = pool.begin().await?;
-    let from: Option<TicketStatus> =
-        sqlx::query_scalar("SELECT status FROM dlq_tickets WHERE ticket_id = $1 FOR UPDATE")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let from = from.ok_or_else(|| TicketError::Unknown(id.clone()))?;
-    let to = transition(id, from, action)?;
-    let before = ticket_in(&mut tx, id).await?;
+    let before = ticket_in(&mut tx, id, "FOR UPDATE OF t")
+        .await?
+        .ok_or_else(|| TicketError::Unknown(id.clone()))?;
+    let to = transition(id, before.status, action)?;
     if let TicketAction::Close { force: false, .. } = action {
         let unsettled: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM dlq_messages
@@ -228,7 +224,7 @@ pub async fn apply(
     .bind(resolution.clone())
     .execute(&mut *tx)
     .await?;
-    let after = ticket_in(&mut tx, id)
+    let after = ticket_in(&mut tx, id, "")
         .await?
         .ok_or_else(|| TicketError::Unknown(id.clone()))?;
     let entry = Entry::new(action.command(), vec![id.to_string()])
@@ -241,12 +237,15 @@ pub async fn apply(
     Ok(after)
 }
 
+/// One ticket read in `tx`; `lock` is `FOR UPDATE OF t` for the read that
+/// decides the move, so two operators cannot race it.
 async fn ticket_in(
     tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
     id: &TicketId,
+    lock: &str,
 ) -> Result<Option<Ticket>, sqlx::Error> {
     sqlx::query_as(&format!(
-        "SELECT {TICKET_COLUMNS} FROM dlq_tickets t WHERE t.ticket_id = $1"
+        "SELECT {TICKET_COLUMNS} FROM dlq_tickets t WHERE t.ticket_id = $1 {lock}"
     ))
     .bind(id)
     .fetch_optional(&mut **tx)

@@ -115,6 +115,23 @@ pub async fn complete(
     Ok(())
 }
 
+/// Completes an intent with what came of the change: the value it produced
+/// as the state after (`OK`), or the error (`FAILED`).
+pub async fn finish<T: Serialize, E: std::fmt::Display>(
+    pool: &PgPool,
+    id: AuditId,
+    done: &Result<T, E>,
+) -> Result<(), sqlx::Error> {
+    let (after, outcome) = match done {
+        Ok(v) => (serde_json::to_value(v).ok(), "OK"),
+        Err(e) => (
+            Some(serde_json::json!({ "error": format!("{e:#}") })),
+            "FAILED",
+        ),
+    };
+    complete(pool, id, after, outcome).await
+}
+
 async fn insert(
     conn: &mut PgConnection,
     actor: &Actor,
