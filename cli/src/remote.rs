@@ -24,10 +24,30 @@ pub fn usage(reply: &OpReply) -> anyhow::Error {
     }
 }
 
+/// A 200's body as `T`; any other answer is the caller's input to fix
+/// (exit 64), as the `--direct` path's refusals are.
+pub fn answer<T: serde::de::DeserializeOwned>(reply: OpReply) -> anyhow::Result<T> {
+    if reply.status != 200 {
+        return Err(usage(&reply));
+    }
+    Ok(reply.parse()?)
+}
+
 /// POSTs `body` to the engine's `path` with the CLI's token. A 401 or 403
 /// is refused (exit 77); a 5xx or no answer is the engine's to fix (exit 3).
 pub async fn post<B: Serialize>(cfg: &Config, path: &str, body: &B) -> anyhow::Result<OpReply> {
-    seckill_engine::post_op(cfg, path, body)
+    post_within(cfg, path, body, cfg.admin_timeout()).await
+}
+
+/// [`post`] for a call the engine holds on purpose (a replay's verify, a
+/// restore's drain): waits up to `within`.
+pub async fn post_within<B: Serialize>(
+    cfg: &Config,
+    path: &str,
+    body: &B,
+    within: std::time::Duration,
+) -> anyhow::Result<OpReply> {
+    seckill_engine::post_op_within(cfg, path, body, within)
         .await
         .map_err(|e| match e {
             e @ OpError::Refused { .. } => Refused(e.to_string()).into(),

@@ -56,8 +56,9 @@ pub use config::{
     MqConfig, OutboxConfig, PgConfig, PublisherConfig, ScannerConfig, redact_url,
 };
 pub use daemon::api::{
-    ApiError, CancelBody, DiscardBody, OpError, OpReply, PayBody, PayView, Queued, ReserveBody,
-    StatusView, TicketBody, post_op,
+    ActivityBody, ApiError, CancelBody, DiscardBody, MAX_VERIFY_MS, OpError, OpReply, PayBody,
+    PayView, Queued, RehearseBody, ReplayBody, ReserveBody, RestoreBody, StatusView, TicketBody,
+    TicketReplayBody, post_op, post_op_within,
 };
 pub use daemon::metrics::METRIC_NAMES;
 pub use daemon::{DaemonError, Listeners, run as run_daemon};
@@ -125,3 +126,4 @@ pub use ops::facts::{self, PipelineFacts};
 pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVerdict};
 pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, RestoreRequest};
 pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};
+pub use ops::restore::{RestoreError, RestoreOn, restore_audited};

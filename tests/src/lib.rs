@@ -7,7 +7,7 @@ use anyhow::Result;
 use redis::aio::ConnectionManager;
 use seckill_engine::{
     ActivityId, ClientRuntime, Config, MessageId, Names, OrderId, RequestId, ReservationId,
-    ReserveRequest, RocketAdmin, SkuId, UserId,
+    ReserveRequest, RocketAdmin, SkuId, TicketId, TopicKind, UserId,
 };
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::PgPool;
@@ -91,6 +91,86 @@ impl TestEnv {
     /// path: the database URL is the root credential).
     pub async fn issue_token(&self, name: &str, role: seckill_engine::Role) -> Result<String> {
         Ok(seckill_engine::tokens::create(&self.pool, name, role, &test_actor()).await?)
+    }
+
+    /// Everything under this test's Redis prefix, gone: what a Redis
+    /// restarted without persistence holds of it.
+    pub async fn lose_redis_state(&self) -> Result<()> {
+        let mut redis = self.redis.clone();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.cfg.redis_prefix))
+            .query_async(&mut redis)
+            .await?;
+        anyhow::ensure!(!keys.is_empty(), "nothing of this test is in Redis");
+        let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await?;
+        Ok(())
+    }
+
+    /// A new live ticket of the order-create group for `class`, as the
+    /// governor opens them (one per group and class while not closed).
+    pub async fn open_ticket(&self, class: seckill_engine::FailureClass) -> Result<TicketId> {
+        let ticket = TicketId::generate();
+        sqlx::query(
+            "INSERT INTO dlq_tickets (ticket_id, consumer_group, error_class) VALUES ($1, $2, $3)",
+        )
+        .bind(&ticket)
+        .bind(self.names.group(TopicKind::OrderCreate))
+        .bind(class)
+        .execute(&self.pool)
+        .await?;
+        Ok(ticket)
+    }
+
+    /// A dead order-create message of `user`, as the mirror leaves it
+    /// (under `ticket` when given): a replay sends it to this test's
+    /// order topic, where a running engine creates the order.
+    pub async fn dead_order(
+        &self,
+        ticket: Option<&TicketId>,
+        activity: ActivityId,
+        sku: SkuId,
+        user: i64,
+    ) -> Result<MessageId> {
+        use seckill_engine::message::{ORDER_CREATE_EVENT, OrderCreateRequested, TraceContext};
+        let rsv = ReservationId::generate();
+        let now = chrono::Utc::now();
+        let m = OrderCreateRequested {
+            schema_version: 1,
+            event_type: ORDER_CREATE_EVENT.into(),
+            message_id: MessageId::generate(),
+            message_key: rsv.clone(),
+            request_id: RequestId::generate(),
+            reservation_id: rsv,
+            order_id: OrderId::generate(),
+            activity_id: activity,
+            sku_id: sku,
+            user_id: UserId(user),
+            quantity: 1,
+            reservation_created_at: now,
+            reservation_valid_until: now + chrono::Duration::minutes(5),
+            created_at: now,
+            retry_count: 0,
+            replay_count: 0,
+            producer: "harness".into(),
+            trace: TraceContext::generate(),
+        };
+        let kind = TopicKind::OrderCreate;
+        sqlx::query(
+            "INSERT INTO dlq_messages (consumer_group, message_id, ticket_id, original_topic, broker_msg_id,
+                                       dlq_queue_id, dlq_queue_offset, body, properties, error_class,
+                                       delivery_attempts, dead_at)
+             VALUES ($1, $2, $3, $4, 'B', 0, $5, $6, $7, 'DB_TIMEOUT', 4, now())",
+        )
+        .bind(self.names.group(kind))
+        .bind(m.message_id.as_str())
+        .bind(ticket)
+        .bind(self.names.topic(kind))
+        .bind(user)
+        .bind(serde_json::to_vec(&m)?)
+        .bind(serde_json::json!({"TAGS": "CREATE_ORDER", "KEYS": m.reservation_id.as_str()}))
+        .execute(&self.pool)
+        .await?;
+        Ok(m.message_id)
     }
 
     /// This test's reservation store (its own key prefix).

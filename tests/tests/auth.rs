@@ -291,11 +291,33 @@ fn the_operator_api_needs_an_operator_and_audits_under_the_token() {
             "message_id": seckill_engine::MessageId::generate().as_str(),
             "reason": "poison"
         });
-        for (url, body) in [
+        let some_message = seckill_engine::MessageId::generate();
+        let replay = format!("{base}/v1/ops/dlq/replay");
+        let replay_body = serde_json::json!({
+            "message_id": some_message.as_str(), "reason": "fixed", "verify_within_ms": 1000
+        });
+        let rehearse = format!("{base}/v1/ops/dlq/rehearse");
+        let rehearse_body = serde_json::json!({"message_id": some_message.as_str()});
+        let bulk = format!("{base}/v1/ops/tickets/{ticket}/replay");
+        let bulk_body = serde_json::json!({
+            "reason": "fixed", "rate_per_s": 10.0, "canary": 1, "verify_within_ms": 1000
+        });
+        let create = format!("{base}/v1/ops/activities");
+        let create_body = serde_json::json!({
+            "activity": 19, "sku": 1, "stock": 5, "valid_for_ms": 300000, "pay_within_ms": 900000
+        });
+        let restore = format!("{base}/v1/ops/activities/{}/restore", ACTIVITY.0);
+        let restore_body = serde_json::json!({"reason": "lost", "wait_ms": 1000});
+        let operate = [
             (&cancel, &cancel_body),
             (&moves, &ack),
             (&discard, &discard_body),
-        ] {
+            (&replay, &replay_body),
+            (&rehearse, &rehearse_body),
+            (&bulk, &bulk_body),
+            (&create, &create_body),
+        ];
+        for (url, body) in operate.into_iter().chain([(&restore, &restore_body)]) {
             refused(
                 c.none.post(url).json(body).send().await?,
                 401,
@@ -306,6 +328,28 @@ fn the_operator_api_needs_an_operator_and_audits_under_the_token() {
                 refused(c.of(r).post(url).json(body).send().await?, 403, "FORBIDDEN").await?;
             }
         }
+        // A restore and a forced re-seed are the admin's: the operator is
+        // refused both, and nothing is audited.
+        let forced = serde_json::json!({
+            "activity": ACTIVITY.0, "sku": SKU.0, "stock": 99, "valid_for_ms": 300000,
+            "pay_within_ms": 900000, "force": true, "reason": "restock"
+        });
+        for (url, body) in [(&restore, &restore_body), (&create, &forced)] {
+            let r = c.of(Role::Operator).post(url).json(body).send().await?;
+            refused(r, 403, "FORBIDDEN").await?;
+        }
+        ensure!(env.audit_of(&ACTIVITY.to_string()).await?.is_empty());
+        // A hostile wait is a 400, before anything is touched.
+        let long = serde_json::json!({
+            "message_id": some_message.as_str(), "reason": "fixed", "verify_within_ms": u64::MAX
+        });
+        let r = c
+            .of(Role::Operator)
+            .post(&replay)
+            .json(&long)
+            .send()
+            .await?;
+        refused(r, 400, "BAD_WAIT").await?;
         // Bad input is a 400 before anything is touched.
         let blank = c
             .of(Role::Operator)

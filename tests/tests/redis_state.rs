@@ -51,19 +51,6 @@ async fn count(env: &TestEnv, sql: &str) -> Result<i64> {
     Ok(sqlx::query_scalar(sql).fetch_one(&env.pool).await?)
 }
 
-/// Everything under this test's prefix, gone: what a Redis restarted
-/// without persistence holds of it.
-async fn lose_redis_state(env: &TestEnv) -> Result<()> {
-    let mut redis = env.redis.clone();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}:*", env.cfg.redis_prefix))
-        .query_async(&mut redis)
-        .await?;
-    ensure!(!keys.is_empty(), "the sale left nothing in Redis");
-    let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut redis).await?;
-    Ok(())
-}
-
 /// A Redis of this test's own, and the configuration and store that use it.
 async fn on_private_redis(
     env: &TestEnv,
@@ -220,7 +207,7 @@ fn a_restored_unpaid_order_still_gives_its_unit_back_when_canceled() {
             Ok((count(&env, "SELECT count(*) FROM orders").await? == 1).then_some(()))
         })
         .await?;
-        lose_redis_state(&env).await?;
+        env.lose_redis_state().await?;
         redis_state::restore(
             &env.pool,
             &env.store(),

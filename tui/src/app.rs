@@ -11,8 +11,8 @@ use crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use seckill_engine::{
-    Actor, ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayRequest,
-    RocketProducer, Sender, Source, Ticket, TicketBody, TicketId, Via, Watch, db, replay, tickets,
+    ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayBody, Source, Ticket,
+    TicketBody, TicketId, Watch, db, replay, tickets,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +23,6 @@ use tokio::sync::mpsc;
 pub struct Options {
     pub refresh: Duration,
     pub readonly: bool,
-    /// Who replays and assigns, for the audit.
-    pub operator: String,
 }
 
 /// Restores the terminal when dropped, whatever the exit path.
@@ -126,14 +124,8 @@ fn spawn_refresher(cfg: Config, rt: Arc<ClientRuntime>, every: Duration, tx: mps
 }
 
 /// Runs one effect as a task; its answer comes back as a message.
-fn execute(
-    effect: Effect,
-    cfg: &Config,
-    rt: &Arc<ClientRuntime>,
-    operator: &str,
-    tx: mpsc::Sender<Msg>,
-) {
-    let (cfg, rt, operator) = (cfg.clone(), rt.clone(), operator.to_owned());
+fn execute(effect: Effect, cfg: &Config, tx: mpsc::Sender<Msg>) {
+    let cfg = cfg.clone();
     tokio::spawn(async move {
         let Some(kind) = effect.kind() else { return };
         let pool = match db::connect_unchecked(&cfg).await {
@@ -143,7 +135,7 @@ fn execute(
                 return;
             }
         };
-        let msg = answer(effect, kind, &cfg, &rt, &pool, &operator).await;
+        let msg = answer(effect, kind, &cfg, &pool).await;
         pool.close().await;
         let _ = tx.send(msg).await;
     });
@@ -168,14 +160,7 @@ fn failed(effect: Effect, e: EffectError) -> Msg {
 
 /// Runs the effect through the engine's own functions (the CLI's) and
 /// turns its result into the message `update` expects.
-async fn answer(
-    effect: Effect,
-    kind: EffectKind,
-    cfg: &Config,
-    rt: &Arc<ClientRuntime>,
-    pool: &db::PgPool,
-    operator: &str,
-) -> Msg {
+async fn answer(effect: Effect, kind: EffectKind, cfg: &Config, pool: &db::PgPool) -> Msg {
     let names = Names::new(cfg.topic_prefix.clone());
     let err = |e: &dyn std::fmt::Display| EffectError::new(kind, e);
     match effect {
@@ -202,31 +187,20 @@ async fn answer(
             .map_err(|e| err(&e)),
             message_id,
         },
+        // Replays, dry runs included, go through the engine's operator
+        // API with the screen's token, as the CLI's do (docs/security.md):
+        // the engine sends on its own producer and audits under the token.
         Effect::DryRun { group, message_id } => {
-            let req = request(
-                &group,
-                message_id,
-                "TUI dry run",
-                operator,
-                true,
-                cfg.dlq.broker_retention(),
-            );
-            Msg::DryRun(run_replay(cfg, rt, pool, &names, &req).await)
+            let body = request(&group, message_id, "TUI dry run", true);
+            Msg::DryRun(run_replay(cfg, &body, EffectKind::DryRun).await)
         }
         Effect::Replay {
             group,
             message_id,
             reason,
         } => {
-            let req = request(
-                &group,
-                message_id,
-                &reason,
-                operator,
-                false,
-                cfg.dlq.broker_retention(),
-            );
-            Msg::Replayed(run_replay(cfg, rt, pool, &names, &req).await)
+            let body = request(&group, message_id, &reason, false);
+            Msg::Replayed(run_replay(cfg, &body, EffectKind::Replay).await)
         }
         // Ticket moves go through the engine's operator API with the
         // screen's token (docs/security.md), as the CLI's do.
@@ -256,61 +230,42 @@ async fn move_ticket(cfg: &Config, id: &TicketId, body: &TicketBody) -> Result<T
     }
 }
 
-/// The screen acts over the database URL: its audit rows say so, with the
-/// operator's name (docs/security.md).
-fn actor(operator: &str) -> Actor {
-    Actor::database_url(operator, Via::Direct)
-}
+/// How long the screen waits for a replay's verdict.
+const VERIFY_WITHIN: Duration = Duration::from_secs(30);
 
-fn request(
-    group: &str,
-    message_id: MessageId,
-    reason: &str,
-    operator: &str,
-    dry_run: bool,
-    retention: Duration,
-) -> ReplayRequest {
-    ReplayRequest {
+fn request(group: &str, message_id: MessageId, reason: &str, dry_run: bool) -> ReplayBody {
+    ReplayBody {
         message_id,
         group: Some(group.to_owned()),
         reason: reason.to_owned(),
-        actor: actor(operator),
         dry_run,
         force: Vec::new(),
-        verify_within: Duration::from_secs(30),
+        verify_within_ms: VERIFY_WITHIN.as_millis() as u64,
         // The operator picked this message on screen: a replay of it that
         // went out unverified may be sent again.
         include_replayed: true,
-        retention,
     }
 }
 
+/// One replay through `POST /v1/ops/dlq/replay`: the report, or the
+/// engine's reason for refusing (a missing or weak token, an unknown
+/// message, no engine).
 async fn run_replay(
     cfg: &Config,
-    rt: &Arc<ClientRuntime>,
-    pool: &db::PgPool,
-    names: &Names,
-    req: &ReplayRequest,
+    body: &ReplayBody,
+    kind: EffectKind,
 ) -> Result<replay::ReplayReport, EffectError> {
-    let kind = if req.dry_run {
-        EffectKind::DryRun
-    } else {
-        EffectKind::Replay
-    };
-    let producer = RocketProducer::start(
-        rt.clone(),
-        &cfg.namesrv_addr,
-        &names.producer_group_of(Sender::TuiReplay),
-        Duration::from_millis(cfg.mq.send_timeout_ms),
-        cfg.mq.send_retries,
-    )
-    .await
-    .map_err(|e| EffectError::new(kind, e))?;
-    let r = replay::replay(pool, names, &producer, req)
+    let within = VERIFY_WITHIN + Duration::from_secs(15);
+    let reply = seckill_engine::post_op_within(cfg, "/v1/ops/dlq/replay", body, within)
         .await
-        .map_err(|e| EffectError::new(kind, e));
-    producer.shutdown().await;
-    r
+        .map_err(|e| EffectError::new(kind, e))?;
+    match reply.status {
+        200 => reply.parse().map_err(|e| EffectError::new(kind, e)),
+        status => Err(EffectError::new(
+            kind,
+            format!("{status}: {}", reply.reason()),
+        )),
+    }
 }
 
 /// Runs the screen until `q`, Ctrl-C or SIGTERM.
@@ -357,7 +312,7 @@ pub async fn run(cfg: Config, rt: Arc<ClientRuntime>, opts: Options) -> Result<(
         };
         match update(&mut state, msg) {
             Some(Effect::Quit) => break,
-            Some(effect) => execute(effect, &cfg, &rt, &opts.operator, tx.clone()),
+            Some(effect) => execute(effect, &cfg, tx.clone()),
             None => {}
         }
     }

@@ -1,14 +1,19 @@
-//! `seckillctl activity create|show|restore`.
+//! `seckillctl activity create|show|restore`. Create and restore go
+//! through the engine's operator API with the CLI's token (docs/security.md:
+//! create is an operator's, a forced re-seed and a restore an admin's);
+//! `--direct` runs the same library calls over the database URL, audited
+//! as direct.
 
+use crate::exit::UsageError;
 use crate::output::{OutputFormat, Tabular, new_table, render};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use seckill_engine::{
-    ActivityId, ActivityView, Actor, ClientRuntime, Config, Names, NewActivity, ReservationStore,
-    RestoreReport, RestoreRequest, RocketAdmin, SkuId, TopicKind, Via, activity, audit, db,
-    redis_conn, redis_state, retry_topic,
+    ActivityBody, ActivityId, ActivityView, ClientRuntime, Config, MAX_VERIFY_MS, Names,
+    NewActivity, ReservationStore, RestoreBody, RestoreOn, RestoreReport, RestoreRequest,
+    RocketAdmin, SkuId, activity, db, redis_conn, restore_audited,
 };
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ActivityCmd {
@@ -49,12 +54,9 @@ pub enum ActivityCmd {
     Restore {
         #[arg(long)]
         activity: ActivityId,
-        /// Why (kept with the new epoch)
+        /// Why (kept with the new epoch and in the audit log)
         #[arg(long)]
         reason: String,
-        /// Who is restoring [default: $USER]
-        #[arg(long)]
-        operator: Option<String>,
         /// How long to wait for the order consumer's backlog to drain
         #[arg(long, value_parser = crate::parse::duration, default_value = "120s")]
         wait: Duration,
@@ -129,131 +131,122 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
         ActivityCmd::Restore { .. } => crate::access::writable(cfg, "activity restore")?,
         ActivityCmd::Show { .. } => {}
     }
+    // Mutations go through the engine's operator API with the CLI's token
+    // (docs/security.md); --direct breaks glass over the database URL.
+    if !cfg.auth.direct {
+        match cmd {
+            ActivityCmd::Create { .. } => {
+                let (body, output) = create_body(cmd);
+                let reply = crate::remote::post(cfg, "/v1/ops/activities", &body).await?;
+                let view: ActivityView = crate::remote::answer(reply)?;
+                return render(&mut std::io::stdout().lock(), output, &view);
+            }
+            ActivityCmd::Restore {
+                activity,
+                reason,
+                wait,
+                output,
+            } => {
+                let body = RestoreBody {
+                    reason,
+                    wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                };
+                if body.wait_ms > MAX_VERIFY_MS {
+                    bail!(UsageError(format!(
+                        "--wait {wait:?} is over the operator API's cap of {} s; use --direct for longer",
+                        MAX_VERIFY_MS / 1000
+                    )));
+                }
+                eprintln!(
+                    "restoring activity {activity} through the engine: it waits up to {wait:?} for the order consumer's backlog"
+                );
+                let path = format!("/v1/ops/activities/{activity}/restore");
+                let within = wait + Duration::from_secs(30);
+                let reply = crate::remote::post_within(cfg, &path, &body, within).await?;
+                let report: RestoreReport = crate::remote::answer(reply)?;
+                return render(&mut std::io::stdout().lock(), output, &report);
+            }
+            ActivityCmd::Show { .. } => {}
+        }
+    }
     let pool = db::connect(cfg).await?;
     let store = ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
-    let (view, output) = match cmd {
+    let actor = crate::access::direct();
+    match cmd {
         ActivityCmd::Restore {
             activity,
             reason,
-            operator,
             wait,
             output,
         } => {
             let req = RestoreRequest {
                 activity,
-                operator: operator
-                    .or_else(|| std::env::var("USER").ok())
-                    .unwrap_or_else(|| "unknown".into()),
+                operator: actor.name.clone(),
                 reason,
             };
-            // Redis and PostgreSQL both change: an intent row first, the
-            // outcome after (docs/security.md, "What is audited").
-            let actor = Actor::database_url(&req.operator, Via::Direct);
-            let before = activity::show(&pool, &store, activity).await.ok();
-            let entry = audit::Entry::new("activity restore", vec![activity.to_string()])
-                .reason(Some(req.reason.as_str()))
-                .before(&before);
-            let id = audit::open(&pool, &actor, &entry).await?;
-            let done = restore(cfg, rt, &pool, &store, &req, wait).await;
-            audit::finish(&pool, id, &done).await?;
-            return render(&mut std::io::stdout().lock(), output, &done?);
+            let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
+            let names = Names::new(cfg.topic_prefix.clone());
+            let on = RestoreOn {
+                pool: &pool,
+                store: &store,
+                admin: &admin,
+                names: &names,
+            };
+            let done = restore_audited(&on, &req, &actor, wait, &|left| {
+                eprintln!("waiting for the order consumer's backlog: {left} message(s) left");
+            })
+            .await;
+            admin.shutdown().await;
+            render(&mut std::io::stdout().lock(), output, &done?)
         }
-        ActivityCmd::Create {
+        ActivityCmd::Create { .. } => {
+            let (b, output) = create_body(cmd);
+            let a = NewActivity {
+                activity: b.activity,
+                sku: b.sku,
+                stock: b.stock,
+                valid_for_ms: b.valid_for_ms,
+                pay_within_ms: b.pay_within_ms,
+                force: b.force,
+            };
+            let view =
+                activity::create_audited(&pool, &store, &a, b.reason.as_deref(), &actor).await?;
+            render(&mut std::io::stdout().lock(), output, &view)
+        }
+        ActivityCmd::Show { activity, output } => render(
+            &mut std::io::stdout().lock(),
+            output,
+            &activity::show(&pool, &store, activity).await?,
+        ),
+    }
+}
+
+/// `activity create`'s flags as the operator API's body.
+fn create_body(cmd: ActivityCmd) -> (ActivityBody, OutputFormat) {
+    let ActivityCmd::Create {
+        activity,
+        sku,
+        stock,
+        valid_for,
+        pay_within,
+        force,
+        reason,
+        output,
+    } = cmd
+    else {
+        unreachable!("called for create only")
+    };
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    (
+        ActivityBody {
             activity,
             sku,
             stock,
-            valid_for,
-            pay_within,
+            valid_for_ms: ms(valid_for),
+            pay_within_ms: ms(pay_within),
             force,
             reason,
-            output,
-        } => {
-            let a = NewActivity {
-                activity,
-                sku,
-                stock,
-                valid_for_ms: valid_for.as_millis() as i64,
-                pay_within_ms: pay_within.as_millis() as i64,
-                force,
-            };
-            let command = if force {
-                "activity create --force"
-            } else {
-                "activity create"
-            };
-            let before = activity::show(&pool, &store, activity).await.ok();
-            let entry = audit::Entry::new(command, vec![activity.to_string(), sku.to_string()])
-                .reason(reason.as_deref())
-                .before(&before);
-            let id = audit::open(&pool, &crate::access::direct(), &entry).await?;
-            let done = activity::create(&pool, &store, &a).await;
-            audit::finish(&pool, id, &done).await?;
-            (done?, output)
-        }
-        ActivityCmd::Show { activity, output } => {
-            (activity::show(&pool, &store, activity).await?, output)
-        }
-    };
-    render(&mut std::io::stdout().lock(), output, &view)
-}
-
-/// Checks first that there is something to restore, then waits until the
-/// order consumer has no message left (its topic and its retry topic,
-/// twice in a row: offsets are committed every few seconds), so every
-/// message already in flight is decided before PostgreSQL is read.
-async fn restore(
-    cfg: &Config,
-    rt: Arc<ClientRuntime>,
-    pool: &sqlx::PgPool,
-    store: &ReservationStore,
-    req: &RestoreRequest,
-    wait: Duration,
-) -> Result<RestoreReport> {
-    if req.reason.trim().is_empty() {
-        bail!(redis_state::RedisStateError::BlankReason);
-    }
-    match redis_state::survey_one(pool, store, req.activity).await? {
-        None => bail!(redis_state::RedisStateError::NotSeeded(req.activity)),
-        Some(s) if !s.state.refuses() => bail!(redis_state::RedisStateError::Intact {
-            activity: req.activity,
-            pg: s.pg_epoch,
-            redis: s.redis_epoch.unwrap_or_default(),
-        }),
-        Some(_) => {}
-    }
-    let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
-    let drained = wait_for_drain(&admin, cfg, wait).await;
-    admin.shutdown().await;
-    drained?;
-    Ok(redis_state::restore(pool, store, req).await?)
-}
-
-async fn wait_for_drain(admin: &RocketAdmin, cfg: &Config, wait: Duration) -> Result<()> {
-    let names = Names::new(cfg.topic_prefix.clone());
-    let group = names.group(TopicKind::OrderCreate);
-    let topics = [names.topic(TopicKind::OrderCreate), retry_topic(&group)];
-    let deadline = Instant::now() + wait;
-    let mut empty_in_a_row = 0;
-    loop {
-        let mut left = 0;
-        for topic in &topics {
-            // A retry topic appears only with the first retry.
-            match admin.lag(topic, &group).await {
-                Ok(lag) => left += lag.messages.max(0),
-                Err(_) if topic != &topics[0] => {}
-                Err(e) => return Err(e).context("reading the order consumer's lag"),
-            }
-        }
-        empty_in_a_row = if left == 0 { empty_in_a_row + 1 } else { 0 };
-        if empty_in_a_row >= 2 {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "the order consumer still has {left} message(s) to decide after {wait:?}; is an engine running (`seckillctl backlog`)? Restoring now could count their reservations twice; try again with a longer --wait"
-            );
-        }
-        eprintln!("waiting for the order consumer's backlog: {left} message(s) left");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+        },
+        output,
+    )
 }

@@ -6,11 +6,12 @@ use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use chrono::Utc;
 use seckill_engine::{
-    Actor, ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DiscardBody,
+    ApplyError, BulkReport, BulkRequest, CheckLevel, ClientRuntime, Config, DiscardBody,
     DiscardError, DiscardReport, DiscardRequest, DlqEntry, DlqEntryKey, DlqEntryStatus,
-    EntryDetail, MessageId, Names, ReplayCheck as Check, ReplayDecision, ReplayError,
-    ReplayOutcome, ReplayReport, ReplayRequest, RocketProducer, Sender, Ticket, TicketAction,
-    TicketBody, TicketId, TicketStatus, Via, db, replay, tickets,
+    EntryDetail, MAX_VERIFY_MS, MessageId, Names, RehearseBody, ReplayBody, ReplayCheck as Check,
+    ReplayDecision, ReplayError, ReplayOutcome, ReplayReport, ReplayRequest, RocketProducer,
+    Sender, Ticket, TicketAction, TicketBody, TicketId, TicketReplayBody, TicketStatus, db, replay,
+    tickets,
 };
 use serde::Serialize;
 use std::sync::Arc;
@@ -63,9 +64,6 @@ pub struct DiscardArgs {
     /// Why it is ended (recorded in replay_audit)
     #[arg(long)]
     reason: String,
-    /// Who is discarding [default: $USER]
-    #[arg(long)]
-    operator: Option<String>,
     #[arg(long, short, value_enum, default_value_t)]
     output: OutputFormat,
 }
@@ -148,10 +146,6 @@ async fn discard_remote(
 
 async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Result<Exit> {
     let names = Names::new(cfg.topic_prefix.clone());
-    let operator = args
-        .operator
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "unknown".into());
     let targets: Vec<(MessageId, Option<String>)> = match (&args.message_id, &args.ticket) {
         (Some(id), _) => vec![(id.clone(), args.group.clone())],
         (None, Some(ticket)) => {
@@ -187,7 +181,9 @@ async fn discard_cmd(args: DiscardArgs, cfg: &Config, pool: &db::PgPool) -> Resu
             message_id: id.clone(),
             group,
             reason: args.reason.clone(),
-            actor: Actor::database_url(&operator, Via::Direct),
+            // The engine names the token's owner; this actor is the
+            // break glass's (docs/security.md).
+            actor: crate::access::direct(),
         };
         if !cfg.auth.direct {
             match discard_remote(cfg, &req).await? {
@@ -257,9 +253,6 @@ pub struct ReplayArgs {
     /// Turn a blocking check into a warning: inbox, order, compensation or ledger (repeatable)
     #[arg(long)]
     force: Vec<Check>,
-    /// Who is replaying [default: $USER]
-    #[arg(long)]
-    operator: Option<String>,
     /// How long to wait for the consumer's verdict
     #[arg(long, value_parser = crate::parse::duration, default_value = "60s")]
     verify_within: std::time::Duration,
@@ -768,11 +761,6 @@ async fn replay_one(
     rt: Arc<ClientRuntime>,
 ) -> Result<Exit> {
     let names = Names::new(cfg.topic_prefix.clone());
-    let operator = args
-        .operator
-        .clone()
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "unknown".into());
     // Only a message_id can be replayed (docs/architecture.md §9.4): a key
     // that is not one is the operator's to fix (exit 64), found before the
     // broker is touched. clap makes --ticket and --message-id exclusive.
@@ -788,12 +776,20 @@ async fn replay_one(
     let output = args.output;
     if args.rehearse {
         let id = message_id.expect("clap: --rehearse conflicts with --ticket");
-        let r = replay::rehearse(pool, &names, &id, args.group.as_deref())
-            .await
-            .map_err(|e| match e {
-                replay::RehearseError::Db(e) => anyhow::Error::from(e),
-                other => UsageError(other.to_string()).into(),
-            })?;
+        let r = if cfg.auth.direct {
+            replay::rehearse(pool, &names, &id, args.group.as_deref())
+                .await
+                .map_err(|e| match e {
+                    replay::RehearseError::Db(e) => anyhow::Error::from(e),
+                    other => UsageError(other.to_string()).into(),
+                })?
+        } else {
+            let body = RehearseBody {
+                message_id: id,
+                group: args.group.clone(),
+            };
+            crate::remote::answer(crate::remote::post(cfg, "/v1/ops/dlq/rehearse", &body).await?)?
+        };
         render(&mut std::io::stdout().lock(), output, &r)?;
         // A rehearsal that shows the replay would fail is the answer asked
         // for, not an error of the command; it warns.
@@ -801,6 +797,9 @@ async fn replay_one(
             replay::RehearsedVerdict::Fails(_) => Exit::Warn,
             _ => Exit::Ok,
         });
+    }
+    if !cfg.auth.direct {
+        return replay_remote(args, message_id, cfg, pool).await;
     }
     let producer = RocketProducer::start(
         rt,
@@ -816,7 +815,7 @@ async fn replay_one(
                 message_id,
                 group: args.group,
                 reason: args.reason.unwrap_or_default(),
-                actor: Actor::database_url(&operator, Via::Direct),
+                actor: crate::access::direct(),
                 dry_run: args.dry_run,
                 force: args.force,
                 verify_within: args.verify_within,
@@ -831,7 +830,7 @@ async fn replay_one(
             let req = BulkRequest {
                 ticket: ticket.expect("clap requires --ticket or --message-id"),
                 reason: args.reason.unwrap_or_default(),
-                actor: Actor::database_url(&operator, Via::Direct),
+                actor: crate::access::direct(),
                 dry_run: args.dry_run,
                 force: args.force,
                 rate_per_s: args.rate,
@@ -846,6 +845,67 @@ async fn replay_one(
         }
     };
     Ok(exit)
+}
+
+/// The replay through the engine's operator API (role operator), sent on
+/// the engine's producer and audited under the CLI's token. The request is
+/// held while the engine verifies, so it may take as long as the direct
+/// path would.
+async fn replay_remote(
+    args: ReplayArgs,
+    message_id: Option<MessageId>,
+    cfg: &Config,
+    pool: &db::PgPool,
+) -> Result<Exit> {
+    let verify_ms = u64::try_from(args.verify_within.as_millis()).unwrap_or(u64::MAX);
+    if verify_ms > MAX_VERIFY_MS {
+        return Err(UsageError(format!(
+            "--verify-within {:?} is over the operator API's cap of {} s; use --direct for longer",
+            args.verify_within,
+            MAX_VERIFY_MS / 1000
+        ))
+        .into());
+    }
+    let slack = std::time::Duration::from_secs(30);
+    let reason = args.reason.unwrap_or_default();
+    if let Some(message_id) = message_id {
+        let body = ReplayBody {
+            message_id,
+            group: args.group,
+            reason,
+            dry_run: args.dry_run,
+            force: args.force,
+            verify_within_ms: verify_ms,
+            include_replayed: args.include_replayed,
+        };
+        let within = args.verify_within + slack;
+        let reply = crate::remote::post_within(cfg, "/v1/ops/dlq/replay", &body, within).await?;
+        return single_exit(&crate::remote::answer(reply)?, args.output);
+    }
+    let ticket = args.ticket.expect("clap requires --ticket or --message-id");
+    // The run's length: every DEAD entry at the rate, each canary's verify,
+    // and the verify of the rest after the last send (§9.3).
+    let dead = tickets::list_entries(pool, None, Some(&ticket), Some(DlqEntryStatus::Dead))
+        .await?
+        .len();
+    let sending = std::time::Duration::from_secs_f64(dead as f64 / args.rate.max(0.001));
+    let within = sending + args.verify_within * (args.canary as u32 + 1) + slack;
+    let body = TicketReplayBody {
+        reason,
+        dry_run: args.dry_run,
+        force: args.force,
+        rate_per_s: args.rate,
+        canary: args.canary,
+        verify_within_ms: verify_ms,
+        include_replayed: args.include_replayed,
+    };
+    eprintln!(
+        "replaying ticket {ticket} through the engine: {dead} DEAD entr(ies) at {}/s; this waits up to {within:?}",
+        args.rate
+    );
+    let path = format!("/v1/ops/tickets/{ticket}/replay");
+    let reply = crate::remote::post_within(cfg, &path, &body, within).await?;
+    bulk_exit(&crate::remote::answer(reply)?, args.output)
 }
 
 /// Shows one replay; blocked warns, sent and verified (or a dry run) is ok.

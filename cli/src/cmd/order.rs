@@ -1,16 +1,17 @@
 //! `seckillctl order pay|cancel|show`: the payment and cancel levers of
-//! docs/architecture.md §8. A cancel goes through the engine's operator API
-//! with the CLI's token (docs/security.md); with `--direct`, and for `pay`
-//! (the payment provider's word, over the database URL, audited as direct),
-//! the same conditional updates run straight against PostgreSQL. The events
-//! and the Redis release they queue are published by a running engine's
-//! outbox publisher.
+//! docs/architecture.md §8. Both go through the engine with the CLI's
+//! token (docs/security.md): a cancel through the operator API (role
+//! operator), a payment through the payment callback's own route (role
+//! payments, or admin). With `--direct` the same conditional updates run
+//! straight against PostgreSQL, audited as direct. The events and the
+//! Redis release they queue are published by a running engine's outbox
+//! publisher.
 
 use crate::exit::{Exit, UsageError};
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use seckill_engine::{
-    CancelBody, CancelOutcome, Config, Names, OrderId, OrderRow, PayOutcome, PayView, db, order,
+    CancelBody, CancelOutcome, Config, Names, OrderId, OrderRow, PayBody, PayView, db, order,
 };
 use serde::Serialize;
 
@@ -96,16 +97,27 @@ pub async fn run(cmd: OrderCmd, cfg: &Config) -> Result<Exit> {
         OrderCmd::Cancel { .. } => crate::access::writable(cfg, "order cancel")?,
         OrderCmd::Show { .. } => {}
     }
-    if let OrderCmd::Cancel {
-        order_id,
-        reason,
-        output,
-    } = &cmd
-        && !cfg.auth.direct
-    {
-        let (answer, exit) = cancel_remote(cfg, order_id, reason).await?;
-        render(&mut std::io::stdout().lock(), *output, &answer)?;
-        return Ok(exit);
+    if !cfg.auth.direct {
+        let remote = match &cmd {
+            OrderCmd::Cancel {
+                order_id,
+                reason,
+                output,
+            } => Some((cancel_remote(cfg, order_id, reason).await?, *output)),
+            OrderCmd::Pay {
+                order_id,
+                payment_id,
+                output,
+            } => Some((
+                pay_remote(cfg, order_id, payment_id.clone()).await?,
+                *output,
+            )),
+            OrderCmd::Show { .. } => None,
+        };
+        if let Some(((answer, exit), output)) = remote {
+            render(&mut std::io::stdout().lock(), output, &answer)?;
+            return Ok(exit);
+        }
     }
     let pool = db::connect(cfg).await?;
     let names = Names::new(cfg.topic_prefix.clone());
@@ -145,7 +157,7 @@ async fn pay(
         &crate::access::direct(),
     )
     .await?;
-    let Some((exit, hint)) = pay_verdict(&out) else {
+    let Some((exit, hint)) = pay_verdict(out.label()) else {
         return Err(UsageError(format!(
             "no order {order_id}; check the id (`seckillctl order show`)"
         ))
@@ -159,26 +171,64 @@ async fn pay(
     Ok((answer, exit))
 }
 
-/// The exit code and hint of a payment's outcome; `None` for an unknown
-/// order, a usage error (pure). Losing to the cancel warns: the payment
-/// side must refuse or refund (docs/architecture.md §8.4).
-fn pay_verdict(out: &PayOutcome) -> Option<(Exit, &'static str)> {
-    Some(match out {
-        PayOutcome::Paid { .. } => (Exit::Ok, "payment won; ORDER_PAID queued in the outbox"),
-        PayOutcome::AlreadyPaid { .. } => (
+/// The exit code and hint of a payment's outcome, by its label (the
+/// direct path's `PayOutcome::label` and the engine's answer alike);
+/// `None` for an unknown order, a usage error (pure). Losing to the cancel
+/// warns: the payment side must refuse or refund (docs/architecture.md §8.4).
+fn pay_verdict(label: &str) -> Option<(Exit, &'static str)> {
+    Some(match label {
+        "PAID" => (Exit::Ok, "payment won; ORDER_PAID queued in the outbox"),
+        "ALREADY_PAID" => (
             Exit::Ok,
             "already paid earlier; nothing changed (see payment_id)",
         ),
-        PayOutcome::Canceled { .. } => (
+        "CANCELED" => (
             Exit::Warn,
             "the cancel won: the order is canceled and its stock went back; refund the payment",
         ),
-        PayOutcome::WindowClosed { .. } => (
+        "WINDOW_CLOSED" => (
             Exit::Warn,
             "the pay window closed; the delayed cancel will cancel this order",
         ),
-        PayOutcome::UnknownOrder => return None,
+        _ => return None,
     })
+}
+
+/// `order pay` through the engine's payment route with the CLI's token
+/// (role payments or admin: an operator may not mark money paid,
+/// docs/security.md "Roles").
+async fn pay_remote(
+    cfg: &Config,
+    order_id: &OrderId,
+    payment_id: Option<String>,
+) -> Result<(OrderAnswer, Exit)> {
+    if let Some(why) = payment_id
+        .as_deref()
+        .and_then(|p| order::check_payment_id(p).err())
+    {
+        return Err(UsageError(format!("--payment-id: {why}")).into());
+    }
+    let reply = crate::remote::post(
+        cfg,
+        &format!("/v1/orders/{order_id}/pay"),
+        &PayBody { payment_id },
+    )
+    .await?;
+    if !matches!(reply.status, 200 | 409) {
+        return Err(crate::remote::usage(&reply));
+    }
+    let view: PayView = reply.parse()?;
+    let Some((exit, hint)) = pay_verdict(&view.outcome) else {
+        return Err(crate::remote::usage(&reply));
+    };
+    Ok((
+        OrderAnswer {
+            outcome: view.outcome,
+            order: view.order,
+            hint: Some(hint),
+        },
+        exit,
+    ))
 }
 
 /// `order cancel`: an operator cancel, now, on the delayed cancel's path

@@ -10,9 +10,6 @@ pub struct TuiArgs {
     /// How often the screen samples the stack
     #[arg(long, value_parser = crate::parse::duration, default_value = "1s")]
     refresh: Duration,
-    /// Who replays and assigns, for the audit [default: $USER]
-    #[arg(long, env = "USER", default_value = "operator")]
-    operator: String,
 }
 
 pub async fn run(args: TuiArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
@@ -29,7 +26,6 @@ pub async fn run(args: TuiArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<
             // The global --readonly (or [auth] readonly): hide every key
             // that changes something.
             readonly: cfg.auth.readonly,
-            operator: args.operator,
         },
     )
     .await

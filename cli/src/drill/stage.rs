@@ -276,12 +276,13 @@ impl Stage {
     /// Runs `seckillctl ARGS…` against this drill's servers, as on-call
     /// would; its exit code and its output.
     pub async fn seckillctl(&self, args: &[&str]) -> Result<(i32, String)> {
-        let out = self
-            .command()?
-            .args(args)
-            .output()
-            .await
-            .context("run seckillctl")?;
+        let mut cmd = self.command()?;
+        // Mutations go through an engine's operator API with the drill's
+        // token (docs/security.md): the first engine that runs.
+        if let Some(url) = self.engine_urls().into_iter().next() {
+            cmd.env(crate::settings::ENV_ENGINE_URL, url);
+        }
+        let out = cmd.args(args).output().await.context("run seckillctl")?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

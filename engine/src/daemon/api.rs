@@ -2,7 +2,8 @@
 //! the CLI, the bench and the tests read and write the same types the
 //! handlers do.
 
-use crate::domain::ids::{MessageId, OrderId, ReservationId};
+use crate::dlq::replay::Check;
+use crate::domain::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId};
 use crate::ops::reservation_status::ReservationStatus;
 use crate::pipeline::order::OrderRow;
 use serde::{Deserialize, Serialize};
@@ -92,6 +93,88 @@ pub struct DiscardBody {
     pub reason: String,
 }
 
+/// `POST /v1/ops/dlq/replay` (role operator): one dead message, re-sent
+/// with its original `message_id` after the pre-checks
+/// (docs/architecture.md §9.3–9.5); the answer is a `ReplayReport`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayBody {
+    pub message_id: MessageId,
+    #[serde(default)]
+    pub group: Option<String>,
+    pub reason: String,
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub force: Vec<Check>,
+    /// How long to wait for the consumer's verdict; at most
+    /// [`MAX_VERIFY_MS`].
+    pub verify_within_ms: u64,
+    #[serde(default)]
+    pub include_replayed: bool,
+}
+
+/// `POST /v1/ops/tickets/{id}/replay` (role operator): every DEAD entry
+/// of a ticket, canaries first, then the rest at the rate; the answer is a
+/// `BulkReport`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TicketReplayBody {
+    pub reason: String,
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub force: Vec<Check>,
+    pub rate_per_s: f64,
+    pub canary: usize,
+    pub verify_within_ms: u64,
+    #[serde(default)]
+    pub include_replayed: bool,
+}
+
+/// The longest verify wait the operator API holds a request for: a body
+/// cannot park a handler for longer than an operator would wait.
+pub const MAX_VERIFY_MS: u64 = 10 * 60 * 1000;
+
+/// `POST /v1/ops/dlq/rehearse` (role operator): the order consumer's
+/// transaction for one dead message, rolled back; the answer is a
+/// `Rehearsal`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RehearseBody {
+    pub message_id: MessageId,
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+/// `POST /v1/ops/activities` (role operator; admin with `force`): seed an
+/// activity's stock on both sides; the answer is an `ActivityView`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActivityBody {
+    pub activity: ActivityId,
+    pub sku: SkuId,
+    pub stock: i64,
+    pub valid_for_ms: i64,
+    pub pay_within_ms: i64,
+    #[serde(default)]
+    pub force: bool,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/ops/activities/{id}/restore` (role admin): rebuild an
+/// activity's Redis state from PostgreSQL once the order backlog drained;
+/// the answer is a `RestoreReport`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreBody {
+    pub reason: String,
+    /// How long to wait for the order consumer's backlog; at most
+    /// [`MAX_VERIFY_MS`].
+    pub wait_ms: u64,
+}
+
 /// An answer of the operator API: its status and JSON body (a 2xx, or a
 /// 4xx the caller maps to its own words).
 #[derive(Debug, Clone)]
@@ -130,11 +213,22 @@ pub enum OpError {
 
 /// POSTs `body` to a running engine's operator API (`cfg.engine_url` +
 /// `path`) with the configured token: the one client the CLI and the TUI
-/// share.
+/// share. It waits the configured admin timeout; [`post_op_within`] for a
+/// call that waits on purpose (a replay's verify, a restore's drain).
 pub async fn post_op<B: Serialize>(
     cfg: &crate::config::Config,
     path: &str,
     body: &B,
+) -> Result<OpReply, OpError> {
+    post_op_within(cfg, path, body, cfg.admin_timeout()).await
+}
+
+/// [`post_op`], waiting up to `timeout` for the answer.
+pub async fn post_op_within<B: Serialize>(
+    cfg: &crate::config::Config,
+    path: &str,
+    body: &B,
+    timeout: std::time::Duration,
 ) -> Result<OpReply, OpError> {
     let unreachable = |why: String| OpError::Unreachable {
         url: cfg.engine_url.clone(),
@@ -143,6 +237,7 @@ pub async fn post_op<B: Serialize>(
     let resp = cfg
         .engine_http()
         .post(format!("{}{path}", cfg.engine_url))
+        .timeout(timeout)
         .json(body)
         .send()
         .await

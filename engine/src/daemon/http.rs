@@ -57,7 +57,19 @@ pub fn router(state: AppState, gate: Arc<Gate>) -> Router {
                 .route("/v1/ops/orders/{id}/cancel", post(ops::order_cancel))
                 .route("/v1/ops/tickets/{id}", post(ops::ticket_move))
                 .route("/v1/ops/dlq/discard", post(ops::discard))
+                .route("/v1/ops/dlq/replay", post(ops::replay_one))
+                .route("/v1/ops/dlq/rehearse", post(ops::rehearse))
+                .route("/v1/ops/tickets/{id}/replay", post(ops::replay_ticket))
+                .route("/v1/ops/activities", post(ops::activity_create))
                 .route_layer(needs(Need::Operate)),
+        )
+        .merge(
+            Router::new()
+                .route(
+                    "/v1/ops/activities/{id}/restore",
+                    post(ops::activity_restore),
+                )
+                .route_layer(needs(Need::Administer)),
         )
         .with_state(state)
 }

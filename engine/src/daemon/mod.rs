@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::daemon::auth::Gate;
 use crate::daemon::governor::Governor;
 use crate::daemon::http::{AppState, admin_router, router};
+use crate::daemon::state::OpsDeps;
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats};
 use crate::mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
 use crate::mq::{ConsumerSpec, Handler, Names, TopicKind};
@@ -225,6 +226,13 @@ async fn start(
         names: ctx.names.clone(),
         ready: ready.clone(),
         consuming,
+        ops: Arc::new(OpsDeps {
+            producer: producer.clone(),
+            rt: rt.clone(),
+            namesrv: cfg.namesrv_addr.clone(),
+            admin_timeout: cfg.admin_timeout(),
+            retention: cfg.dlq.broker_retention(),
+        }),
     };
     loops::spawn_redis_watch(
         ctx.pool.clone(),

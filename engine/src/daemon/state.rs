@@ -6,8 +6,10 @@ use crate::daemon::api::ApiError;
 use crate::daemon::governor::{Governor, SIGNAL_WINDOW};
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats, StatsView};
 use crate::mq::Names;
+use crate::mq::rocket::RocketProducer;
 use crate::pipeline::ingress::Ingress;
 use crate::reservation::ReservationStore;
+use crate::runtime::ClientRuntime;
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -30,6 +32,22 @@ pub struct AppState {
     pub ready: Arc<AtomicBool>,
     /// The order consumer pulls (or stopped waiting to; see `daemon`).
     pub consuming: Arc<AtomicBool>,
+    /// What the operator API's replays and restores need beyond the
+    /// stores.
+    pub ops: Arc<OpsDeps>,
+}
+
+/// The operator API's own needs (docs/security.md, "The operator API").
+pub struct OpsDeps {
+    /// Replays go out on the engine's own producer: the same broker
+    /// connection the pipeline sends on, kept warm.
+    pub producer: RocketProducer,
+    /// For the broker admin a restore reads the order backlog with.
+    pub rt: Arc<ClientRuntime>,
+    pub namesrv: String,
+    pub admin_timeout: std::time::Duration,
+    /// `[dlq] broker_retention_hours`, for the replay pre-checks.
+    pub retention: std::time::Duration,
 }
 
 impl AppState {

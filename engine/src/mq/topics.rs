@@ -96,10 +96,10 @@ impl TopicKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Sender {
     Engine,
-    /// `seckillctl dlq replay`.
+    /// `seckillctl dlq replay --direct` (the break glass). Replays through
+    /// the operator API, the CLI's and the TUI's, go out on the engine's
+    /// own producer.
     CliReplay,
-    /// A replay confirmed on the live screen.
-    TuiReplay,
 }
 
 impl Sender {
@@ -107,7 +107,6 @@ impl Sender {
         match self {
             Sender::Engine => "PG_SECKILL_ENGINE_V1",
             Sender::CliReplay => "PG_SECKILL_REPLAY_V1",
-            Sender::TuiReplay => "PG_SECKILL_TUI_REPLAY",
         }
     }
 }

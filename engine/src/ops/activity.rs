@@ -2,9 +2,11 @@
 //! final truth) and Redis stock (the fast path), seeded together so that
 //! conservation holds from the first request (docs/architecture.md §12).
 
+use crate::domain::auth::Actor;
 use crate::domain::ids::{ActivityId, SkuId};
 use crate::reservation::{ReservationError, ReservationStore, SeedOutcome};
-use serde::Serialize;
+use crate::store::audit;
+use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, Transaction};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,8 @@ pub enum ActivityError {
         live: u64,
         pending: u64,
     },
+    #[error("--force re-seeds stock under a running sale: --reason must say why")]
+    NoReason,
     #[error(transparent)]
     Db(#[from] sqlx::Error),
     #[error(transparent)]
@@ -56,7 +60,7 @@ pub struct NewActivity {
     pub force: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SkuStock {
     pub sku_id: SkuId,
     pub pg_total: i64,
@@ -65,7 +69,7 @@ pub struct SkuStock {
     pub redis_stock: Option<i64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ActivityView {
     pub activity_id: ActivityId,
     pub valid_for_ms: i64,
@@ -112,6 +116,37 @@ pub async fn create(
         SeedOutcome::Seeded | SeedOutcome::AlreadySeeded { .. } => {}
     }
     show(pool, store, a.activity).await
+}
+
+/// [`create`], audited (docs/security.md, "What is audited"): Redis and
+/// PostgreSQL both change, so an intent row with both sides as they were
+/// is committed first and completed with the outcome. A forced re-seed
+/// needs a reason; both the CLI's `--direct` path and the operator API
+/// call this, so the rule holds on either.
+pub async fn create_audited(
+    pool: &PgPool,
+    store: &ReservationStore,
+    a: &NewActivity,
+    reason: Option<&str>,
+    actor: &Actor,
+) -> Result<ActivityView, ActivityError> {
+    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+    if a.force && reason.is_none() {
+        return Err(ActivityError::NoReason);
+    }
+    let command = if a.force {
+        "activity create --force"
+    } else {
+        "activity create"
+    };
+    let before = show(pool, store, a.activity).await.ok();
+    let entry = audit::Entry::new(command, vec![a.activity.to_string(), a.sku.to_string()])
+        .reason(reason)
+        .before(&before);
+    let id = audit::open(pool, actor, &entry).await?;
+    let done = create(pool, store, a).await;
+    audit::finish(pool, id, &done).await?;
+    done
 }
 
 /// The stock and both windows are in range (pure).

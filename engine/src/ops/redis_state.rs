@@ -12,7 +12,7 @@ use crate::domain::ids::{ActivityId, ReservationId, SkuId, UserId};
 use crate::domain::status::RedisEpochKind;
 use crate::reservation::{LiveOrder, ReservationError, ReservationStore, RestoredState};
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, Transaction};
 
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +148,7 @@ async fn judge_rows(
 /// was sent: PostgreSQL never saw those. The engines' tallies are flushed
 /// about once a second and a killed engine loses its last second, so the
 /// gap can only be under-counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gap {
     pub accepted: i64,
     pub decided: i64,
@@ -234,7 +234,7 @@ pub struct RestoreRequest {
     pub reason: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RestoreReport {
     pub activity_id: ActivityId,
     pub previous_epoch: i64,

@@ -14,7 +14,7 @@ use crate::domain::auth::Actor;
 use crate::domain::ids::{MessageId, TicketId};
 use crate::domain::status::{DlqEntryStatus, ReplayDecision, ReplayOutcome, TicketStatus};
 use crate::mq::{Names, Producer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ pub struct BulkRequest {
 }
 
 /// Every entry of the snapshot with its outcome: nothing is dropped silently.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BulkReport {
     pub ticket_id: TicketId,
     /// DEAD entries of the ticket when the command started.
@@ -53,12 +53,12 @@ pub struct BulkReport {
     /// DEAD entries mirrored without a `message_id` (§9.1): in the
     /// snapshot, never sent, since a replay must keep the original id
     /// (§9.4). Absent from the JSON when there are none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreplayable: Vec<DlqEntryKey>,
 }
 
 /// An entry a bulk run left alone, and why: nothing is skipped silently.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skipped {
     pub consumer_group: String,
     pub message_id: DlqEntryKey,

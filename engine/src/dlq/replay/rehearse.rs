@@ -14,11 +14,11 @@ use crate::domain::status::{
 use crate::mq::{Names, TopicKind};
 use crate::pipeline::consume::{MessageOutcome, Parsed, rehearse_in};
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 /// What the consumer's transaction decided, or the error it hit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(
     tag = "verdict",
     content = "detail",
@@ -35,20 +35,20 @@ pub enum RehearsedVerdict {
     Fails(String),
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct RehearsedOrder {
     pub order_id: OrderId,
     pub status: OrderStatus,
     pub expires_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct RehearsedLedger {
     pub reason: String,
     pub delta: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct RehearsedOutbox {
     pub topic: String,
     pub tag: String,
@@ -58,7 +58,7 @@ pub struct RehearsedOutbox {
 
 /// Everything the replay would write, read inside the rolled-back
 /// transaction.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Rehearsal {
     pub consumer_group: String,
     pub message_id: MessageId,

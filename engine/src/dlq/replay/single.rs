@@ -23,7 +23,7 @@ use crate::mq::{
 };
 use crate::store::audit::{self, AuditId};
 use chrono::{DateTime, Utc};
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sqlx::PgPool;
 use std::time::{Duration, Instant};
 
@@ -50,11 +50,11 @@ pub struct ReplayRequest {
 }
 
 /// The answer: the verdict table, the decision and how it ended.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReplayReport {
     /// `None` for an entry a halted bulk run never attempted; shown (and
     /// serialized) as `""`, as it always was.
-    #[serde(serialize_with = "id_or_empty")]
+    #[serde(serialize_with = "id_or_empty", deserialize_with = "empty_or_id")]
     pub replay_id: Option<ReplayId>,
     pub consumer_group: String,
     pub message_id: MessageId,
@@ -75,6 +75,18 @@ impl ReplayReport {
 
 fn id_or_empty<S: Serializer>(id: &Option<ReplayId>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(id.as_ref().map_or("", ReplayId::as_str))
+}
+
+/// The other way: `""` is an entry never attempted (the operator API's
+/// answer, read back by the CLI and the TUI).
+fn empty_or_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ReplayId>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() {
+        return Ok(None);
+    }
+    ReplayId::parse(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 #[derive(Debug, thiserror::Error)]
