@@ -82,6 +82,40 @@ fn a_readonly_cli_refuses_a_mutation_with_exit_77_before_connecting() {
     ]);
     assert_eq!(out.status.code(), Some(77), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("read-only"));
+    // The bootstrap paths and the bench too, equally before connecting
+    // (the operator mutations are driven against a real engine in
+    // tests/security.rs).
+    for argv in [
+        &["db", "migrate"][..],
+        &["mq", "setup"],
+        &["auth", "token", "create", "--name", "x", "--role", "reader"],
+        &["auth", "token", "revoke", "--name", "x"],
+        &[
+            "bench",
+            "flash-sale",
+            "--activity",
+            "1",
+            "--sku",
+            "1",
+            "--stock",
+            "1",
+            "--users",
+            "1",
+            "--rate",
+            "1",
+        ],
+    ] {
+        let mut args = vec![
+            "--readonly",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/none",
+            "--namesrv-addr",
+            "127.0.0.1:1",
+        ];
+        args.extend_from_slice(argv);
+        let (out, _) = seckillctl(&args);
+        assert_eq!(out.status.code(), Some(77), "{argv:?}: {out:?}");
+    }
 }
 
 #[test]

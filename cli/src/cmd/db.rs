@@ -47,12 +47,15 @@ impl Tabular for MigrationsView {
 }
 
 pub async fn run(cmd: DbCmd, cfg: &Config) -> Result<()> {
+    // A read-only CLI refuses before connecting, as every other mutation.
+    if matches!(cmd, DbCmd::Migrate) {
+        crate::access::writable(cfg, "db migrate")?;
+    }
     let pool = db::connect_unchecked(cfg).await?;
     let database = cfg.database_url_redacted();
     let mut out = std::io::stdout().lock();
     match cmd {
         DbCmd::Migrate => {
-            crate::access::writable(cfg, "db migrate")?;
             let before = db::status(&pool).await.ok();
             let applied = db::migrate(&pool).await?;
             // The audit table may be one of the migrations just applied, so
