@@ -37,6 +37,38 @@ pub struct Config {
     pub governor: GovernorConfig,
     pub redis: RedisConfig,
     pub auth: AuthConfig,
+    pub http: HttpConfig,
+}
+
+/// The daemon's HTTP limits (docs/architecture.md §13.2, "Limits"): what
+/// one request may bring and hold, so a hostile or broken client costs a
+/// bounded amount of memory and time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// A body past this is refused with 413 before it is read whole.
+    pub max_body_bytes: usize,
+    /// The request line and headers together; past this, 431.
+    pub max_header_bytes: usize,
+    /// How long an API request may take before it is answered 503
+    /// `TIMED_OUT`. The operator API's waits (a replay's verify, a
+    /// restore's drain) have their own cap, `MAX_VERIFY_MS` plus a minute.
+    pub request_timeout_ms: u64,
+    /// Requests in flight at once on the API address; one more is answered
+    /// 503 `OVERLOADED` with `Retry-After` at once, never queued. The
+    /// probes and `/metrics` are not counted.
+    pub max_concurrent: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024,
+            max_header_bytes: 16 * 1024,
+            request_timeout_ms: 10_000,
+            max_concurrent: 2_048,
+        }
+    }
 }
 
 /// Who may reach the daemon, and how the CLI and TUI present themselves
@@ -316,6 +348,7 @@ impl Default for Config {
             governor: GovernorConfig::default(),
             redis: RedisConfig::default(),
             auth: AuthConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }

@@ -52,8 +52,8 @@ mod store;
 
 // Configuration and the daemon.
 pub use config::{
-    AuthConfig, AuthMode, Config, ConsumerConfig, DlqConfig, GovernorConfig, LifecycleConfig,
-    MqConfig, OutboxConfig, PgConfig, PublisherConfig, ScannerConfig, redact_url,
+    AuthConfig, AuthMode, Config, ConsumerConfig, DlqConfig, GovernorConfig, HttpConfig,
+    LifecycleConfig, MqConfig, OutboxConfig, PgConfig, PublisherConfig, ScannerConfig, redact_url,
 };
 pub use daemon::api::{
     ActivityBody, ApiError, CancelBody, DiscardBody, MAX_VERIFY_MS, OpError, OpReply, PayBody,

@@ -2,7 +2,7 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::{AuthMode, Config, MqConfig, PgConfig};
+use seckill_engine::{AuthMode, Config, HttpConfig, MqConfig, PgConfig};
 use serde::Serialize;
 
 #[derive(Debug, clap::Args)]
@@ -20,6 +20,7 @@ struct View {
     redis_prefix: String,
     pg: PgConfig,
     mq: MqConfig,
+    http: HttpConfig,
     auth: AuthView,
 }
 
@@ -67,6 +68,7 @@ pub fn run(args: ConfigArgs, cfg: &Config) -> Result<()> {
         redis_prefix: cfg.redis_prefix.clone(),
         pg: cfg.pg.clone(),
         mq: cfg.mq.clone(),
+        http: cfg.http.clone(),
         auth: AuthView {
             mode: cfg.auth.mode,
             token: if cfg.auth.token.is_some() {

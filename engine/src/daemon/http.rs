@@ -4,17 +4,19 @@
 //! touching Redis: a malformed request gets a 4xx with a reason and writes
 //! nothing.
 
-use crate::daemon::api::{PayBody, PayView, Queued, ReserveBody, StatusView};
+use crate::config::HttpConfig;
+use crate::daemon::api::{MAX_VERIFY_MS, PayBody, PayView, Queued, ReserveBody, StatusView};
 use crate::daemon::auth::{self, Gate};
+use crate::daemon::limits::{self, Limits};
 use crate::daemon::ops;
 pub use crate::daemon::state::AppState;
-use crate::daemon::state::reject;
+use crate::daemon::state::{bad_body, reject};
 use crate::domain::auth::{Actor, Need};
 use crate::domain::ids::{ActivityId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::stats::StatsView;
 use crate::pipeline::ingress::{Refusal, ReserveCall};
 use crate::pipeline::order::{self, PayOutcome};
-use axum::extract::{Extension, Path, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -24,10 +26,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 /// The API: every route behind the gate, grouped by what it needs
-/// (docs/security.md, "Roles").
-pub fn router(state: AppState, gate: Arc<Gate>) -> Router {
+/// (docs/security.md, "Roles"), and inside the limits of `[http]`
+/// (docs/architecture.md §13.2): the public routes answer within
+/// `request_timeout_ms`; the operator API, which holds a request while a
+/// replay verifies or a restore drains, within its own cap. Both count
+/// against one bound of requests in flight.
+pub fn router(state: AppState, gate: Arc<Gate>, http: &HttpConfig) -> Router {
     let needs = |need: Need| middleware::from_fn_with_state((gate.clone(), need), auth::guard);
-    Router::new()
+    let api = Limits::api(http);
+    let ops_limits = api.with_timeout(std::time::Duration::from_millis(MAX_VERIFY_MS + 60_000));
+    let within = |l: Limits| middleware::from_fn_with_state(l, limits::enforce);
+    let public = Router::new()
         .merge(
             Router::new()
                 .route(
@@ -52,6 +61,8 @@ pub fn router(state: AppState, gate: Arc<Gate>) -> Router {
                 .route("/v1/stats", get(stats))
                 .route_layer(needs(Need::Read)),
         )
+        .route_layer(within(api));
+    let operator = Router::new()
         .merge(
             Router::new()
                 .route("/v1/ops/orders/{id}/cancel", post(ops::order_cancel))
@@ -71,6 +82,10 @@ pub fn router(state: AppState, gate: Arc<Gate>) -> Router {
                 )
                 .route_layer(needs(Need::Administer)),
         )
+        .route_layer(within(ops_limits));
+    public
+        .merge(operator)
+        .layer(DefaultBodyLimit::max(http.max_body_bytes))
         .with_state(state)
 }
 
@@ -108,7 +123,7 @@ async fn reserve(
     };
     let body = match body {
         Ok(Json(b)) => b,
-        Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_BODY", e.body_text()),
+        Err(e) => return bad_body(e),
     };
     if body.user_id <= 0 {
         return reject(
@@ -194,11 +209,17 @@ async fn order_pay(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Option<Json<PayBody>>,
+    body: Result<Option<Json<PayBody>>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let id = match OrderId::parse(&id) {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
+    };
+    // No body (no content type) is a payment without an id of its own; a
+    // body that does not parse is refused, never taken for no body.
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return bad_body(e),
     };
     let payment_id = body
         .and_then(|Json(b)| b.payment_id)

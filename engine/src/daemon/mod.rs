@@ -14,6 +14,7 @@ pub mod api;
 pub mod auth;
 pub mod governor;
 pub mod http;
+mod limits;
 mod loops;
 pub mod metrics;
 mod ops;
@@ -86,7 +87,7 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let mut parts = Parts::default();
     let served = match start(&cfg, &rt, &mut parts).await {
-        Ok(started) => serve(listeners.into(), started, shutdown).await,
+        Ok(started) => serve(listeners.into(), started, &cfg.http, shutdown).await,
         Err(e) => Err(e),
     };
     parts.stop_all().await;
@@ -448,6 +449,7 @@ async fn start_governor(
 async fn serve(
     listeners: Listeners,
     started: Started,
+    http: &crate::config::HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let Started {
@@ -465,7 +467,7 @@ async fn serve(
         ready.store(false, Ordering::Relaxed);
         stop.cancel();
     });
-    let api = router(state.clone(), gate);
+    let api = router(state.clone(), gate, http);
     let Some(admin) = listeners.admin else {
         axum::serve(listeners.api, api.merge(admin_router(state)))
             .with_graceful_shutdown(cancel.cancelled_owned())

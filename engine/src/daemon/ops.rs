@@ -13,7 +13,7 @@ use crate::daemon::api::{
     RestoreBody, TicketBody, TicketReplayBody,
 };
 use crate::daemon::auth::decide;
-use crate::daemon::state::{AppState, reject};
+use crate::daemon::state::{AppState, bad_body, reject};
 use crate::dlq::discard::{DiscardError, DiscardRequest, discard as discard_entry};
 use crate::dlq::replay::{self, BulkRequest, RehearseError, ReplayError, ReplayRequest};
 use crate::dlq::tickets::{self, ApplyError, TicketAction, TicketError};
@@ -37,10 +37,6 @@ fn unavailable(e: impl std::fmt::Display) -> Response {
         "UNAVAILABLE",
         e.to_string(),
     )
-}
-
-fn bad_body(e: JsonRejection) -> Response {
-    reject(StatusCode::BAD_REQUEST, "BAD_BODY", e.body_text())
 }
 
 /// `POST /v1/ops/orders/{id}/cancel`.

@@ -64,6 +64,19 @@ impl AppState {
     }
 }
 
+/// A JSON body the extractor refused: past `[http] max_body_bytes` a 413
+/// (the extractor stopped reading at the limit), anything else a 400.
+pub(super) fn bad_body(e: axum::extract::rejection::JsonRejection) -> Response {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return reject(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "BODY_TOO_LARGE",
+            "the body is larger than this daemon takes ([http] max_body_bytes)",
+        );
+    }
+    reject(StatusCode::BAD_REQUEST, "BAD_BODY", e.body_text())
+}
+
 /// Every 4xx and 5xx: a stable code and a reason for people.
 pub(super) fn reject(status: StatusCode, error: &str, reason: impl Into<String>) -> Response {
     (
