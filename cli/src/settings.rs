@@ -223,6 +223,111 @@ mod tests {
         assert!(cfg.auth.readonly);
     }
 
+    mod hostile {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A TOML document of real sections and keys with values of any
+        /// type, or of made-up ones: what a hand-edited file can hold.
+        fn toml_text() -> impl Strategy<Value = String> {
+            let section = prop::sample::select(vec![
+                "",
+                "pg",
+                "mq",
+                "publisher",
+                "scanner",
+                "consumer",
+                "outbox",
+                "lifecycle",
+                "dlq",
+                "alerts",
+                "governor",
+                "redis",
+                "auth",
+                "http",
+                "nope",
+            ]);
+            let key = prop::sample::select(vec![
+                "database_url",
+                "namesrv_addr",
+                "topic_prefix",
+                "max_connections",
+                "batch_max",
+                "threads",
+                "mode",
+                "token_file",
+                "readonly",
+                "max_body_bytes",
+                "max_concurrent",
+                "refresh_ms",
+                "x",
+            ]);
+            let value = prop_oneof![
+                any::<i64>().prop_map(|n| n.to_string()),
+                any::<bool>().prop_map(|b| b.to_string()),
+                "\\PC{0,30}".prop_map(|s| format!("{s:?}")),
+                Just("[1, \"a\", {x = 1}]".to_owned()),
+                Just("1e400".to_owned()),
+                "\\PC{0,20}",
+            ];
+            prop::collection::vec((section, key, value), 0..12).prop_map(|lines| {
+                lines
+                    .into_iter()
+                    .map(|(sec, k, v)| {
+                        if sec.is_empty() {
+                            format!("{k} = {v}\n")
+                        } else {
+                            format!("[{sec}]\n{k} = {v}\n")
+                        }
+                    })
+                    .collect()
+            })
+        }
+
+        fn env_value() -> impl Strategy<Value = String> {
+            prop_oneof!["\\PC{0,40}", Just(String::new()), Just(":".to_owned())]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// The loader over any file and any environment: a config that
+            /// passes its own validation, or an error that names the file
+            /// or the value; never a panic.
+            #[test]
+            fn any_file_and_environment_load_or_say_why(
+                text in prop_oneof![toml_text(), "\\PC{0,200}"],
+                prefix in env_value(),
+                namesrv in env_value(),
+                token in env_value(),
+            ) {
+                let dir = std::env::temp_dir().join(format!(
+                    "seckill-cfg-prop-{}-{:?}",
+                    std::process::id(),
+                    std::thread::current().id()
+                ));
+                std::fs::create_dir_all(&dir).unwrap();
+                let path = dir.join("seckill.toml");
+                std::fs::write(&path, &text).unwrap();
+                let e = env(&[
+                    (ENV_TOPIC_PREFIX, prefix.as_str()),
+                    (ENV_NAMESRV_ADDR, namesrv.as_str()),
+                    (ENV_TOKEN, token.as_str()),
+                ]);
+                match layer(&ConfigFlags::default(), &e, &dir) {
+                    Ok(cfg) => {
+                        prop_assert!(validate(&cfg).is_ok());
+                        prop_assert_eq!(cfg.topic_prefix, prefix);
+                    }
+                    Err(err) => {
+                        let why = format!("{err:#}");
+                        prop_assert!(!why.is_empty());
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_input_names_the_problem() {
         let dir = std::env::temp_dir().join(format!("seckill-cfg3-{}", std::process::id()));

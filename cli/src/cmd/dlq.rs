@@ -888,8 +888,14 @@ async fn replay_remote(
     let dead = tickets::list_entries(pool, None, Some(&ticket), Some(DlqEntryStatus::Dead))
         .await?
         .len();
-    let sending = std::time::Duration::from_secs_f64(dead as f64 / args.rate.max(0.001));
-    let within = sending + args.verify_within * (args.canary as u32 + 1) + slack;
+    // Saturating, and at most a day: a hostile --canary must not overflow.
+    let sending = std::time::Duration::try_from_secs_f64(dead as f64 / args.rate)
+        .unwrap_or(std::time::Duration::MAX);
+    let canaries = u32::try_from(args.canary.saturating_add(1)).unwrap_or(u32::MAX);
+    let within = sending
+        .saturating_add(args.verify_within.saturating_mul(canaries))
+        .saturating_add(slack)
+        .min(std::time::Duration::from_secs(86_400));
     let body = TicketReplayBody {
         reason,
         dry_run: args.dry_run,

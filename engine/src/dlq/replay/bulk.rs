@@ -3,7 +3,7 @@
 //! the rest sent at the rate and verified after, and the ticket's outcome.
 //! Each step is its own function; [`replay_ticket`] only strings them.
 
-use super::checks::{Check, pace};
+use super::checks::{Check, RATE_RANGE, pace};
 use super::single::{
     Prepared, ReplayError, ReplayReport, ReplayRequest, finish, prepare, replay, send, validate,
     verify,
@@ -89,7 +89,12 @@ impl Pacer {
 
     async fn wait(&mut self) {
         let first = *self.first.get_or_insert_with(Instant::now);
-        tokio::time::sleep_until((first + pace(self.sent, self.rate_per_s)).into()).await;
+        // Checked: a slot past what an Instant holds waits a day, and the
+        // rate check keeps real runs far from it.
+        let slot = first
+            .checked_add(pace(self.sent, self.rate_per_s))
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+        tokio::time::sleep_until(slot.into()).await;
         self.sent += 1;
     }
 }
@@ -115,7 +120,7 @@ pub async fn replay_ticket<P: Producer>(
     req: &BulkRequest,
 ) -> Result<BulkReport, ReplayError> {
     validate(&req.reason, &req.force)?;
-    if !(req.rate_per_s > 0.0 && req.rate_per_s.is_finite()) {
+    if !RATE_RANGE.contains(&req.rate_per_s) {
         return Err(ReplayError::BadRate(req.rate_per_s));
     }
     check_ticket(pool, &req.ticket).await?;

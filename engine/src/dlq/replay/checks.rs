@@ -324,12 +324,20 @@ pub fn decide(v: &[Verdict], dry_run: bool) -> ReplayDecision {
 
 /// When the `i`-th paced send (0-based) may go, measured from the first,
 /// so at most `rate` go out per second (pure).
+/// Total: a rate so small that the slot is past what a `Duration` holds
+/// (a hostile `rate_per_s` of 1e-300) saturates instead of panicking
+/// (found by engine/tests/hostile.rs); the bulk replay refuses rates
+/// outside [`RATE_RANGE`] before pacing anything.
 pub fn pace(i: usize, rate_per_s: f64) -> Duration {
     if rate_per_s <= 0.0 || !rate_per_s.is_finite() {
         return Duration::ZERO;
     }
-    Duration::from_secs_f64(i as f64 / rate_per_s)
+    Duration::try_from_secs_f64(i as f64 / rate_per_s).unwrap_or(Duration::MAX)
 }
+
+/// The replay rates a bulk run takes, per second: from one send every
+/// 100 s to more than the pipeline's own burst.
+pub const RATE_RANGE: std::ops::RangeInclusive<f64> = 0.01..=100_000.0;
 
 #[cfg(test)]
 mod tests {

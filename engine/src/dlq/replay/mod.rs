@@ -18,7 +18,9 @@ mod rehearse;
 mod single;
 
 pub use bulk::{BulkReport, BulkRequest, Skipped, replay_ticket};
-pub use checks::{Check, Facts, Level, SchemaError, UnknownCheck, Verdict, decide, pace, verdicts};
+pub use checks::{
+    Check, Facts, Level, RATE_RANGE, SchemaError, UnknownCheck, Verdict, decide, pace, verdicts,
+};
 pub use rehearse::{
     Rehearsal, RehearseError, RehearsedLedger, RehearsedOrder, RehearsedOutbox, RehearsedVerdict,
     rehearse,

@@ -103,7 +103,7 @@ pub enum ReplayError {
     UnknownTicket(TicketId),
     #[error("ticket {0} is CLOSED; reopen work under a new ticket, or replay one --message-id")]
     ClosedTicket(TicketId),
-    #[error("--rate must be a positive number of messages per second, not {0}")]
+    #[error("--rate must be between 0.01/s and 100000/s, not {0}")]
     BadRate(f64),
     #[error(transparent)]
     Db(#[from] sqlx::Error),
