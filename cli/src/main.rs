@@ -72,6 +72,9 @@ enum Command {
     /// Dead messages and their tickets (docs/architecture.md §9)
     #[command(subcommand)]
     Dlq(cmd::dlq::DlqCmd),
+    /// Malformed messages the consumers refused: list, show, discard (docs/architecture.md §7.3)
+    #[command(subcommand)]
+    Quarantine(cmd::quarantine::QuarantineCmd),
     /// Pay, cancel or show an order (docs/architecture.md §8)
     #[command(subcommand)]
     Order(cmd::order::OrderCmd),
@@ -159,6 +162,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Activity(c) => cmd::activity::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Dlq(c) => cmd::dlq::run(c, &cfg, rt).await,
             Command::Order(c) => cmd::order::run(c, &cfg).await,
+            Command::Quarantine(c) => cmd::quarantine::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
             Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Engine(c) => cmd::engine::run(c, &cfg, rt).await.map(|()| Exit::Ok),

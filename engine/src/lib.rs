@@ -11,9 +11,9 @@
 //!
 //! | layer | folder | what lives there |
 //! |---|---|---|
-//! | surface | `daemon/` | `seckillctl engine run`: every component started and stopped in one place; HTTP (`api` bodies, `http` handlers, the `auth` token gate, the `ops` operator API), `/metrics`, the governor's tick |
+//! | surface | `daemon/` | `seckillctl engine run`: every component started and stopped in one place; HTTP (`api` bodies, `http` handlers, the `auth` token gate, the `ops` operator API, `limits` and `body` for what a request may bring), `/metrics`, the governor's tick |
 //! | operations | `dlq/` | the mirror of `%DLQ%` groups, the entry state machine and its verifier, tickets, the webhook, guarded replay, rehearsal, discard |
-//! | | `ops/` | activities, the reconcile of the invariants, pipeline facts, reservation status, Redis state survey and restore |
+//! | | `ops/` | activities, the reconcile of the invariants, pipeline facts, reservation status, Redis state survey and restore, the quarantine |
 //! | | `observe/` | samples of every component, the history and pure views the CLI, TUI and governor share, health probes |
 //! | stages | `pipeline/` | ingress, publish, scan, consume, outbox, order, lifecycle consumers, adaptive concurrency |
 //! | adapters | `reservation/` | the Redis Lua scripts, the reservation store, the epoch and restore of an activity's Redis state |
@@ -57,8 +57,8 @@ pub use config::{
 };
 pub use daemon::api::{
     ActivityBody, ApiError, CancelBody, DiscardBody, MAX_VERIFY_MS, OpError, OpReply, PayBody,
-    PayView, Queued, RehearseBody, ReplayBody, ReserveBody, RestoreBody, StatusView, TicketBody,
-    TicketReplayBody, post_op, post_op_within,
+    PayView, QuarantineDiscardBody, Queued, RehearseBody, ReplayBody, ReserveBody, RestoreBody,
+    StatusView, TicketBody, TicketReplayBody, post_op, post_op_within,
 };
 pub use daemon::metrics::METRIC_NAMES;
 pub use daemon::{DaemonError, Listeners, run as run_daemon};
@@ -123,6 +123,7 @@ pub use observe::view::{self, BacklogRow, PendingRow, PgView, PoolRow, ServerRow
 pub use observe::{History, Observation, Observer, RATE_SPAN, Sample, Source, SourceError, Watch};
 pub use ops::activity::{self, ActivityError, ActivityView, NewActivity};
 pub use ops::facts::{self, PipelineFacts};
+pub use ops::quarantine::{self, QuarantineError, Quarantined};
 pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVerdict};
 pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, RestoreRequest};
 pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};

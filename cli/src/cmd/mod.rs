@@ -11,5 +11,6 @@ pub mod health;
 pub mod mq;
 pub mod observe;
 pub mod order;
+pub mod quarantine;
 pub mod reconcile;
 pub mod tui;

@@ -175,6 +175,14 @@ pub struct RestoreBody {
     pub wait_ms: u64,
 }
 
+/// `POST /v1/ops/quarantine/{id}/discard` (role operator): mark one
+/// quarantined message discarded, saying why; the answer is the row after.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantineDiscardBody {
+    pub reason: String,
+}
+
 /// An answer of the operator API: its status and JSON body (a 2xx, or a
 /// 4xx the caller maps to its own words).
 #[derive(Debug, Clone)]

@@ -196,7 +196,8 @@ pub async fn guard(
                 "refused: {}",
                 denied.body().reason
             );
-            (denied.status(), axum::Json(denied.body())).into_response()
+            let refusal = (denied.status(), axum::Json(denied.body())).into_response();
+            crate::daemon::state::refuse_unread(req.into_body(), refusal).await
         }
     }
 }

@@ -7,10 +7,11 @@
 use crate::config::HttpConfig;
 use crate::daemon::api::{MAX_VERIFY_MS, PayBody, PayView, Queued, ReserveBody, StatusView};
 use crate::daemon::auth::{self, Gate};
+use crate::daemon::body::{JsonBody, MaybeJsonBody};
 use crate::daemon::limits::{self, Limits};
 use crate::daemon::ops;
 pub use crate::daemon::state::AppState;
-use crate::daemon::state::{bad_body, reject};
+use crate::daemon::state::reject;
 use crate::domain::auth::{Actor, Need};
 use crate::domain::ids::{ActivityId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::stats::StatsView;
@@ -72,6 +73,10 @@ pub fn router(state: AppState, gate: Arc<Gate>, http: &HttpConfig) -> Router {
                 .route("/v1/ops/dlq/rehearse", post(ops::rehearse))
                 .route("/v1/ops/tickets/{id}/replay", post(ops::replay_ticket))
                 .route("/v1/ops/activities", post(ops::activity_create))
+                .route(
+                    "/v1/ops/quarantine/{id}/discard",
+                    post(ops::quarantine_discard),
+                )
                 .route_layer(needs(Need::Operate)),
         )
         .merge(
@@ -105,7 +110,7 @@ pub fn admin_router(state: AppState) -> Router {
 async fn reserve(
     State(state): State<AppState>,
     Path((activity, sku)): Path<(String, String)>,
-    body: Result<Json<ReserveBody>, axum::extract::rejection::JsonRejection>,
+    body: Result<JsonBody<ReserveBody>, Response>,
 ) -> Response {
     let Ok(activity) = activity.parse::<ActivityId>() else {
         return reject(
@@ -122,8 +127,8 @@ async fn reserve(
         );
     };
     let body = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
     };
     if body.user_id <= 0 {
         return reject(
@@ -209,20 +214,20 @@ async fn order_pay(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<Option<Json<PayBody>>, axum::extract::rejection::JsonRejection>,
+    body: Result<MaybeJsonBody<PayBody>, Response>,
 ) -> Response {
     let id = match OrderId::parse(&id) {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
     };
-    // No body (no content type) is a payment without an id of its own; a
-    // body that does not parse is refused, never taken for no body.
+    // No body is a payment without an id of its own; a body that does not
+    // parse is refused, never taken for no body.
     let body = match body {
-        Ok(b) => b,
-        Err(e) => return bad_body(e),
+        Ok(MaybeJsonBody(b)) => b,
+        Err(r) => return r,
     };
     let payment_id = body
-        .and_then(|Json(b)| b.payment_id)
+        .and_then(|b| b.payment_id)
         .unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));
     if let Err(why) = order::check_payment_id(&payment_id) {
         return reject(StatusCode::BAD_REQUEST, "BAD_PAYMENT_ID", why);

@@ -13,7 +13,7 @@
 //!   handlers answer 413 (`state::bad_body`).
 
 use crate::config::HttpConfig;
-use crate::daemon::state::reject;
+use crate::daemon::state::{refuse_unread, reject};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -81,11 +81,11 @@ pub async fn enforce(State(limits): State<Limits>, req: Request, next: Next) -> 
         );
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return r;
+        return refuse_unread(req.into_body(), r).await;
     };
     let head = head_bytes(&req);
     if head > limits.max_header_bytes {
-        return reject(
+        let refusal = reject(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "HEADERS_TOO_LARGE",
             format!(
@@ -93,6 +93,7 @@ pub async fn enforce(State(limits): State<Limits>, req: Request, next: Next) -> 
                 limits.max_header_bytes
             ),
         );
+        return refuse_unread(req.into_body(), refusal).await;
     }
     match tokio::time::timeout(limits.timeout, next.run(req)).await {
         Ok(r) => r,

@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod auth;
+mod body;
 pub mod governor;
 pub mod http;
 mod limits;

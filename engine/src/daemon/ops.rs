@@ -9,11 +9,12 @@
 //! while they wait, never longer than [`MAX_VERIFY_MS`].
 
 use crate::daemon::api::{
-    ActivityBody, CancelBody, DiscardBody, MAX_VERIFY_MS, PayView, RehearseBody, ReplayBody,
-    RestoreBody, TicketBody, TicketReplayBody,
+    ActivityBody, CancelBody, DiscardBody, MAX_VERIFY_MS, PayView, QuarantineDiscardBody,
+    RehearseBody, ReplayBody, RestoreBody, TicketBody, TicketReplayBody,
 };
 use crate::daemon::auth::decide;
-use crate::daemon::state::{AppState, bad_body, reject};
+use crate::daemon::body::JsonBody;
+use crate::daemon::state::{AppState, reject};
 use crate::dlq::discard::{DiscardError, DiscardRequest, discard as discard_entry};
 use crate::dlq::replay::{self, BulkRequest, RehearseError, ReplayError, ReplayRequest};
 use crate::dlq::tickets::{self, ApplyError, TicketAction, TicketError};
@@ -21,11 +22,11 @@ use crate::domain::auth::{Actor, Need};
 use crate::domain::ids::{ActivityId, OrderId, TicketId};
 use crate::mq::rocket::RocketAdmin;
 use crate::ops::activity::{self, ActivityError, NewActivity};
+use crate::ops::quarantine::{self, QuarantineError};
 use crate::ops::redis_state::{RedisStateError, RestoreRequest};
 use crate::ops::restore::{RestoreError, RestoreOn, restore_audited};
 use crate::pipeline::order::{self, CancelOutcome};
 use axum::Json;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -44,15 +45,15 @@ pub(super) async fn order_cancel(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<Json<CancelBody>, JsonRejection>,
+    body: Result<JsonBody<CancelBody>, Response>,
 ) -> Response {
     let id = match OrderId::parse(&id) {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
     };
     let body = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
     };
     let reason = body.reason.trim();
     if reason.is_empty() {
@@ -94,15 +95,15 @@ pub(super) async fn ticket_move(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<Json<TicketBody>, JsonRejection>,
+    body: Result<JsonBody<TicketBody>, Response>,
 ) -> Response {
     let id = match id.parse::<TicketId>() {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_TICKET_ID", e.to_string()),
     };
     let action = match body {
-        Ok(Json(b)) => action_of(b),
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => action_of(b),
+        Err(r) => return r,
     };
     match tickets::apply(&state.pool, &id, &action, &actor).await {
         Ok(t) => Json(t).into_response(),
@@ -133,11 +134,11 @@ fn action_of(b: TicketBody) -> TicketAction {
 pub(super) async fn discard(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
-    body: Result<Json<DiscardBody>, JsonRejection>,
+    body: Result<JsonBody<DiscardBody>, Response>,
 ) -> Response {
     let body = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
     };
     let req = DiscardRequest {
         message_id: body.message_id,
@@ -205,11 +206,11 @@ fn verify_wait(ms: u64) -> Result<Duration, TooLong> {
 pub(super) async fn replay_one(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
-    body: Result<Json<ReplayBody>, JsonRejection>,
+    body: Result<JsonBody<ReplayBody>, Response>,
 ) -> Response {
     let b = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
     };
     let verify_within = match verify_wait(b.verify_within_ms) {
         Ok(d) => d,
@@ -238,15 +239,15 @@ pub(super) async fn replay_ticket(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<Json<TicketReplayBody>, JsonRejection>,
+    body: Result<JsonBody<TicketReplayBody>, Response>,
 ) -> Response {
     let ticket = match id.parse::<TicketId>() {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_TICKET_ID", e.to_string()),
     };
     let b = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
     };
     let verify_within = match verify_wait(b.verify_within_ms) {
         Ok(d) => d,
@@ -273,11 +274,11 @@ pub(super) async fn replay_ticket(
 /// `POST /v1/ops/dlq/rehearse`: the consumer's transaction, rolled back.
 pub(super) async fn rehearse(
     State(state): State<AppState>,
-    body: Result<Json<RehearseBody>, JsonRejection>,
+    body: Result<JsonBody<RehearseBody>, Response>,
 ) -> Response {
     let b = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
     };
     match replay::rehearse(&state.pool, &state.names, &b.message_id, b.group.as_deref()).await {
         Ok(r) => Json(r).into_response(),
@@ -295,11 +296,11 @@ pub(super) async fn rehearse(
 pub(super) async fn activity_create(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
-    body: Result<Json<ActivityBody>, JsonRejection>,
+    body: Result<JsonBody<ActivityBody>, Response>,
 ) -> Response {
     let b = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
     };
     if b.force
         && let Err(denied) = decide(&actor.name, actor.role, Need::Administer)
@@ -348,7 +349,7 @@ pub(super) async fn activity_restore(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<Json<RestoreBody>, JsonRejection>,
+    body: Result<JsonBody<RestoreBody>, Response>,
 ) -> Response {
     let Ok(activity) = id.parse::<ActivityId>() else {
         return reject(
@@ -358,8 +359,8 @@ pub(super) async fn activity_restore(
         );
     };
     let b = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return bad_body(e),
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
     };
     let wait = match verify_wait(b.wait_ms) {
         Ok(d) => d,
@@ -409,6 +410,39 @@ pub(super) async fn activity_restore(
                     (StatusCode::CONFLICT, "INTACT")
                 }
                 RestoreError::NotDrained { .. } => (StatusCode::CONFLICT, "NOT_DRAINED"),
+            };
+            reject(status, code, e.to_string())
+        }
+    }
+}
+
+/// `POST /v1/ops/quarantine/{id}/discard`: one quarantined message marked
+/// discarded, audited under the token.
+pub(super) async fn quarantine_discard(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(id): Path<String>,
+    body: Result<JsonBody<QuarantineDiscardBody>, Response>,
+) -> Response {
+    let Ok(id) = id.parse::<i64>() else {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_QUARANTINE_ID",
+            "a quarantine id is the integer `seckillctl quarantine list` shows",
+        );
+    };
+    let b = match body {
+        Ok(JsonBody(b)) => b,
+        Err(r) => return r,
+    };
+    match quarantine::discard(&state.pool, id, &b.reason, &actor).await {
+        Ok(row) => Json(row).into_response(),
+        Err(QuarantineError::Db(e)) => unavailable(e),
+        Err(e) => {
+            let (status, code) = match &e {
+                QuarantineError::Unknown(_) => (StatusCode::NOT_FOUND, "UNKNOWN_QUARANTINE"),
+                QuarantineError::NoReason => (StatusCode::BAD_REQUEST, "NO_REASON"),
+                _ => (StatusCode::CONFLICT, "REFUSED"),
             };
             reject(status, code, e.to_string())
         }

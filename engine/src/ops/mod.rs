@@ -1,8 +1,10 @@
 //! What an operator runs against the stores directly: activities, the
-//! reconcile of the invariants, pipeline facts, reservation status and the restore of Redis state.
+//! reconcile of the invariants, pipeline facts, reservation status, the
+//! quarantine and the restore of Redis state.
 
 pub mod activity;
 pub mod facts;
+pub mod quarantine;
 pub mod reconcile;
 pub mod redis_state;
 pub mod reservation_status;

@@ -284,7 +284,8 @@ SELECT count(*) AS orders FROM orders_gone"#;
 
 /// Deterministically bad messages, all of one listener batch in one
 /// statement: either every one is recorded or none is, so a retry after a
-/// failure never records one twice.
+/// failure never records one twice; a redelivery whose ACK was lost finds
+/// its row by the broker offset id and adds none.
 ///
 /// `$1` group, `$2` topics, `$3` message ids (nullable), `$4` broker ids,
 /// `$5` reasons, `$6` details, `$7` bodies, `$8` properties.
@@ -293,7 +294,8 @@ pub const QUARANTINE: &str = r#"INSERT INTO message_quarantine (consumer_group, 
 SELECT $1::text, topic, message_id, broker_msg_id, reason, detail, body, properties
 FROM unnest($2::text[], $3::text[], $4::text[], $5::quarantine_reason[], $6::text[], $7::bytea[],
             $8::jsonb[])
-     AS t (topic, message_id, broker_msg_id, reason, detail, body, properties)"#;
+     AS t (topic, message_id, broker_msg_id, reason, detail, body, properties)
+ON CONFLICT (consumer_group, broker_msg_id) DO NOTHING"#;
 
 /// The failure behind a retry, one row per message, written outside the
 /// failed transaction; the DLQ governor reads the newest (docs/architecture.md §9.1).
