@@ -13,10 +13,10 @@ use anyhow::ensure;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as PropConfig, RngAlgorithm, TestRng, TestRunner};
-use seckill_engine::message::{ORDER_CREATE_EVENT, OrderCreateRequested, TraceContext};
+use seckill_engine::message::OrderCreateRequested;
 use seckill_engine::{
-    ActivityId, MessageId, OrderId, Producer, RequestId, ReservationId, RocketProducer, Role,
-    SkuId, TopicKind, UserId, publish::to_outgoing, reconcile,
+    ActivityId, Producer, RequestId, RocketProducer, Role, SkuId, TopicKind, publish::to_outgoing,
+    reconcile,
 };
 use seckill_tests::{Engine, Setup, TestEnv, client_with, eventually, run};
 use secrecy::ExposeSecret;
@@ -136,29 +136,7 @@ fn sample<T: std::fmt::Debug>(s: impl Strategy<Value = T>, n: usize, seed: u8) -
 
 /// A valid order-create body of this activity, as JSON to break.
 fn order_body(user: i64) -> serde_json::Value {
-    let rsv = ReservationId::generate();
-    let now = chrono::Utc::now();
-    serde_json::to_value(OrderCreateRequested {
-        schema_version: 1,
-        event_type: ORDER_CREATE_EVENT.into(),
-        message_id: MessageId::generate(),
-        message_key: rsv.clone(),
-        request_id: RequestId::generate(),
-        reservation_id: rsv,
-        order_id: OrderId::generate(),
-        activity_id: ACTIVITY,
-        sku_id: SKU,
-        user_id: UserId(user),
-        quantity: 1,
-        reservation_created_at: now,
-        reservation_valid_until: now + chrono::Duration::minutes(5),
-        created_at: now,
-        retry_count: 0,
-        replay_count: 0,
-        producer: "under-fire".into(),
-        trace: TraceContext::generate(),
-    })
-    .unwrap()
+    serde_json::to_value(seckill_tests::order_create(ACTIVITY, SKU, user)).unwrap()
 }
 
 /// The `i`-th bad message: its body, and the reason it must be quarantined with.

@@ -131,29 +131,7 @@ impl TestEnv {
         sku: SkuId,
         user: i64,
     ) -> Result<MessageId> {
-        use seckill_engine::message::{ORDER_CREATE_EVENT, OrderCreateRequested, TraceContext};
-        let rsv = ReservationId::generate();
-        let now = chrono::Utc::now();
-        let m = OrderCreateRequested {
-            schema_version: 1,
-            event_type: ORDER_CREATE_EVENT.into(),
-            message_id: MessageId::generate(),
-            message_key: rsv.clone(),
-            request_id: RequestId::generate(),
-            reservation_id: rsv,
-            order_id: OrderId::generate(),
-            activity_id: activity,
-            sku_id: sku,
-            user_id: UserId(user),
-            quantity: 1,
-            reservation_created_at: now,
-            reservation_valid_until: now + chrono::Duration::minutes(5),
-            created_at: now,
-            retry_count: 0,
-            replay_count: 0,
-            producer: "harness".into(),
-            trace: TraceContext::generate(),
-        };
+        let m = order_create(activity, sku, user);
         let kind = TopicKind::OrderCreate;
         sqlx::query(
             "INSERT INTO dlq_messages (consumer_group, message_id, ticket_id, original_topic, broker_msg_id,
@@ -201,6 +179,38 @@ impl TestEnv {
         )
         .await?;
         Ok(())
+    }
+}
+
+/// A valid order-create body of `user`, as the publisher builds it: fresh
+/// ids, valid for 5 minutes.
+pub fn order_create(
+    activity: ActivityId,
+    sku: SkuId,
+    user: i64,
+) -> seckill_engine::message::OrderCreateRequested {
+    use seckill_engine::message::{ORDER_CREATE_EVENT, OrderCreateRequested, TraceContext};
+    let rsv = ReservationId::generate();
+    let now = chrono::Utc::now();
+    OrderCreateRequested {
+        schema_version: 1,
+        event_type: ORDER_CREATE_EVENT.into(),
+        message_id: MessageId::generate(),
+        message_key: rsv.clone(),
+        request_id: RequestId::generate(),
+        reservation_id: rsv,
+        order_id: OrderId::generate(),
+        activity_id: activity,
+        sku_id: sku,
+        user_id: UserId(user),
+        quantity: 1,
+        reservation_created_at: now,
+        reservation_valid_until: now + chrono::Duration::minutes(5),
+        created_at: now,
+        retry_count: 0,
+        replay_count: 0,
+        producer: "harness".into(),
+        trace: TraceContext::generate(),
     }
 }
 

@@ -9,8 +9,8 @@ use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::{Result, bail};
 use seckill_engine::{
     ActivityBody, ActivityId, ActivityView, ClientRuntime, Config, MAX_VERIFY_MS, Names,
-    NewActivity, ReservationStore, RestoreBody, RestoreOn, RestoreReport, RestoreRequest,
-    RocketAdmin, SkuId, activity, db, redis_conn, restore_audited,
+    ReservationStore, RestoreBody, RestoreOn, RestoreReport, RestoreRequest, RocketAdmin, SkuId,
+    activity, db, redis_conn, restore_audited,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -201,14 +201,7 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
         }
         ActivityCmd::Create { .. } => {
             let (b, output) = create_body(cmd);
-            let a = NewActivity {
-                activity: b.activity,
-                sku: b.sku,
-                stock: b.stock,
-                valid_for_ms: b.valid_for_ms,
-                pay_within_ms: b.pay_within_ms,
-                force: b.force,
-            };
+            let a = b.new_activity();
             let view =
                 activity::create_audited(&pool, &store, &a, b.reason.as_deref(), &actor).await?;
             render(&mut std::io::stdout().lock(), output, &view)

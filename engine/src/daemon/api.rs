@@ -163,6 +163,20 @@ pub struct ActivityBody {
     pub reason: Option<String>,
 }
 
+impl ActivityBody {
+    /// The seeding this body asks for; the reason goes to the audit row.
+    pub fn new_activity(&self) -> crate::ops::activity::NewActivity {
+        crate::ops::activity::NewActivity {
+            activity: self.activity,
+            sku: self.sku,
+            stock: self.stock,
+            valid_for_ms: self.valid_for_ms,
+            pay_within_ms: self.pay_within_ms,
+            force: self.force,
+        }
+    }
+}
+
 /// `POST /v1/ops/activities/{id}/restore` (role admin): rebuild an
 /// activity's Redis state from PostgreSQL once the order backlog drained;
 /// the answer is a `RestoreReport`.

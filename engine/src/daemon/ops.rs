@@ -21,7 +21,7 @@ use crate::dlq::tickets::{self, ApplyError, TicketAction, TicketError};
 use crate::domain::auth::{Actor, Need};
 use crate::domain::ids::{ActivityId, OrderId, TicketId};
 use crate::mq::rocket::RocketAdmin;
-use crate::ops::activity::{self, ActivityError, NewActivity};
+use crate::ops::activity::{self, ActivityError};
 use crate::ops::quarantine::{self, QuarantineError};
 use crate::ops::redis_state::{RedisStateError, RestoreRequest};
 use crate::ops::restore::{RestoreError, RestoreOn, restore_audited};
@@ -313,14 +313,7 @@ pub(super) async fn activity_create(
         );
         return (denied.status(), Json(denied.body())).into_response();
     }
-    let a = NewActivity {
-        activity: b.activity,
-        sku: b.sku,
-        stock: b.stock,
-        valid_for_ms: b.valid_for_ms,
-        pay_within_ms: b.pay_within_ms,
-        force: b.force,
-    };
+    let a = b.new_activity();
     match activity::create_audited(&state.pool, &state.store, &a, b.reason.as_deref(), &actor).await
     {
         Ok(v) => Json(v).into_response(),
