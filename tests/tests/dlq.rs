@@ -319,6 +319,41 @@ fn a_poison_message_is_dead_lettered_mirrored_ticketed_and_replayed_once() {
             "{quiet:?}"
         );
 
+        // The mirror's offsets are the broker's own: each broker has its own
+        // queue 0 (docs/architecture.md §9.1).
+        let brokers: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT broker_name FROM dlq_mirror_offsets WHERE consumer_group = $1",
+        )
+        .bind(&group)
+        .fetch_all(&env.pool)
+        .await?;
+        assert_eq!(brokers, ["broker-a"]);
+        // Offsets lost, or an offset of another broker's queue 0 far ahead:
+        // the mirror reads this broker's DLQ again from its start, finds the
+        // copy it mirrored, and changes nothing of the verified entry.
+        sqlx::query("DELETE FROM dlq_mirror_offsets")
+            .execute(&env.pool)
+            .await?;
+        sqlx::query(
+            "INSERT INTO dlq_mirror_offsets (consumer_group, broker_name, queue_id, next_offset)
+             SELECT $1, 'broker-z', q, 1000000 FROM generate_series(0, 7) q",
+        )
+        .bind(&group)
+        .execute(&env.pool)
+        .await?;
+        let reread = mirror_once(&env.admin, &env.pool, &env.names).await?;
+        assert_eq!(
+            (reread.mirrored, reread.opened.len()),
+            (1, 0),
+            "read again, nothing opened"
+        );
+        let e = &tickets::list_entries(&env.pool, Some(&group), None, None).await?[0];
+        assert_eq!(
+            (e.status, e.replay_count),
+            (DlqEntryStatus::Verified, 1),
+            "the entry stays verified"
+        );
+
         // Again: refused as already applied.
         let again = replay(
             &env.pool,

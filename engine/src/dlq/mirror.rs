@@ -1,9 +1,11 @@
 //! The governor's mirror pass (docs/architecture.md §9.1).
 //!
-//! Per DLQ queue the mirror keeps `next_offset` in `dlq_mirror_offsets`,
-//! written in the same transaction as the rows it mirrored, so a crash
-//! neither skips a dead message nor mirrors it twice; mirroring the same
-//! message again (it died again after a replay) updates its row.
+//! Per DLQ queue of each broker (each broker has its own queue 0) the
+//! mirror keeps `next_offset` in `dlq_mirror_offsets`, written in the same
+//! transaction as the rows it mirrored, so a crash neither skips a dead
+//! message nor mirrors it twice; reading a copy again changes nothing, and
+//! a new copy of the same message (it died again after a replay) updates
+//! its row.
 
 use super::key::DlqEntryKey;
 use crate::domain::clock::at_ms;
@@ -76,33 +78,45 @@ pub async fn mirror_once(
             Err(e) if e.is_missing_topic() => continue,
             Err(e) => return Err(e.into()),
         };
+        // With one broker, an offset saved before brokers were named
+        // ('') is that broker's; with several it could be any of theirs,
+        // so each starts from its own row or its queue's minimum (reading
+        // again is harmless: a copy already mirrored is recognised).
+        let one_broker = queues
+            .iter()
+            .all(|(b, _)| queues.first().is_some_and(|(first, _)| first == b));
         for (broker, q) in queues {
-            let mut offset: i64 = sqlx::query_scalar(
-                "SELECT next_offset FROM dlq_mirror_offsets WHERE consumer_group = $1 AND queue_id = $2",
+            let saved: Option<i64> = sqlx::query_scalar(
+                "SELECT next_offset FROM dlq_mirror_offsets
+                 WHERE consumer_group = $1 AND queue_id = $3
+                   AND (broker_name = $2 OR ($4 AND broker_name = ''))
+                 ORDER BY broker_name = $2 DESC LIMIT 1",
             )
             .bind(&group)
+            .bind(&broker)
             .bind(q.queue_id)
+            .bind(one_broker)
             .fetch_optional(pool)
-            .await?
-            .unwrap_or(q.min)
-            .max(q.min);
+            .await?;
+            let mut offset = saved.unwrap_or(q.min).max(q.min);
             while offset < q.max {
                 let pulled = admin.pull(&broker, &dlq, q.queue_id, offset, PAGE).await?;
                 let next = pulled.next_offset.max(offset);
                 let mut tx = pool.begin().await?;
                 for m in &pulled.messages {
-                    if let Some(opened) = mirror_one(&mut tx, &group, m).await? {
+                    if let Some(opened) = mirror_one(&mut tx, &group, &broker, m).await? {
                         report.opened.push(opened);
                     }
                     report.mirrored += 1;
                 }
                 sqlx::query(
-                    "INSERT INTO dlq_mirror_offsets (consumer_group, queue_id, next_offset)
-                     VALUES ($1, $2, $3)
-                     ON CONFLICT (consumer_group, queue_id)
+                    "INSERT INTO dlq_mirror_offsets (consumer_group, broker_name, queue_id, next_offset)
+                     VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (consumer_group, broker_name, queue_id)
                      DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = now()",
                 )
                 .bind(&group)
+                .bind(&broker)
                 .bind(q.queue_id)
                 .bind(next)
                 .execute(&mut *tx)
@@ -124,10 +138,14 @@ pub async fn mirror_once(
     Ok(report)
 }
 
-/// Mirrors one dead message; returns the ticket it opened, if any.
+/// Mirrors one dead message; returns the ticket it opened, if any. The
+/// copy already mirrored (the same broker, queue and offset: the mirror
+/// read it again) changes nothing; a new copy (it died again after a
+/// replay) makes the entry DEAD again.
 async fn mirror_one(
     tx: &mut Transaction<'static, Postgres>,
     group: &str,
+    broker: &str,
     m: &IncomingMessage,
 ) -> Result<Option<(TicketId, String, FailureClass)>, sqlx::Error> {
     let (key, malformed) = entry_key(m);
@@ -153,16 +171,22 @@ async fn mirror_one(
     sqlx::query(
         "INSERT INTO dlq_messages (consumer_group, message_id, ticket_id, original_topic, broker_msg_id,
                                    dlq_queue_id, dlq_queue_offset, body, properties, error_class,
-                                   delivery_attempts, dead_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                                   delivery_attempts, dead_at, dlq_broker)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          ON CONFLICT (consumer_group, message_id) DO UPDATE
          SET ticket_id = EXCLUDED.ticket_id, broker_msg_id = EXCLUDED.broker_msg_id,
              dlq_queue_id = EXCLUDED.dlq_queue_id, dlq_queue_offset = EXCLUDED.dlq_queue_offset,
+             dlq_broker = EXCLUDED.dlq_broker,
              error_class = EXCLUDED.error_class, delivery_attempts = EXCLUDED.delivery_attempts,
              dead_at = EXCLUDED.dead_at, mirrored_at = now(),
              -- Died again (docs/architecture.md §9.2, dlq::entry): DEAD, with
              -- replay_count and the failure history kept; a discarded one stays so.
-             status = CASE WHEN dlq_messages.status = 'DISCARDED' THEN dlq_messages.status ELSE 'DEAD' END",
+             status = CASE WHEN dlq_messages.status = 'DISCARDED' THEN dlq_messages.status ELSE 'DEAD' END
+         -- The same copy read again (a row from before brokers were named
+         -- says ''): nothing changes, whatever became of the entry since.
+         WHERE NOT (dlq_messages.dlq_queue_id = EXCLUDED.dlq_queue_id
+                    AND dlq_messages.dlq_queue_offset = EXCLUDED.dlq_queue_offset
+                    AND dlq_messages.dlq_broker IN (EXCLUDED.dlq_broker, ''))",
     )
     .bind(group)
     .bind(&key)
@@ -178,6 +202,7 @@ async fn mirror_one(
     // so the DLQ copy's count is the number of deliveries made.
     .bind(m.reconsume_times.max(1))
     .bind(at_ms(m.store_timestamp_ms))
+    .bind(broker)
     .execute(&mut **tx)
     .await?;
     Ok(opened.then(|| (ticket, group.to_owned(), class)))
