@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The local stack on loopback: PostgreSQL, Redis, RocketMQ NameServer and Broker.
 #
-#   scripts/stack.sh up       start what is missing, wait for health, create db/topics/groups
-#   scripts/stack.sh status   one row per component
-#   scripts/stack.sh down     stop only what `up` started
+#   scripts/stack.sh up [--cluster]   start what is missing, wait for health, create db/topics/groups;
+#                                     --cluster adds a second broker (broker-b) behind the same NameServer
+#   scripts/stack.sh status   one row per component (every broker the NameServer knows of ours)
+#   scripts/stack.sh down [--cluster]  stop only what `up` started; --cluster: only the
+#                                      cluster profile's nodes (broker-b), back to single-node
+#   scripts/stack.sh env [--cluster]  the `export SECKILL_...=` lines for this stack
 #   scripts/stack.sh install  only build the broker binaries (once; cached)
 #
 # A service already answering on its standard port is used as it is. What this
@@ -100,9 +103,15 @@ namesrv_up() {
     || die "nameserver did not listen on $NAMESRV_PORT (see $home/namesrv.log)"
 }
 
+# broker_up NAME PORT: a master broker of the DefaultCluster on PORT (and
+# its HA port, PORT + 1), its store under $STATE_DIR/NAME. broker-a keeps
+# the directory "broker" it always had.
 broker_up() {
-  if port_open "$BROKER_PORT"; then log "rocketmq broker already answering on $BROKER_PORT"; return; fi
-  local home="$STATE_DIR/broker"
+  local name=${1:-broker-a} port=${2:-$BROKER_PORT}
+  local dir=broker
+  [ "$name" = broker-a ] || dir=$name
+  if port_open "$port"; then log "rocketmq $name already answering on $port"; return; fi
+  local home="$STATE_DIR/$dir"
   mkdir -p "$home/store"
   # Timer slots of 100 ms (docs/architecture.md §8.2): with the default 1 s a
   # delayed cancel came 1 to 2.9 s after its deadline. The precision is part
@@ -132,12 +141,12 @@ namesrvAddr = "127.0.0.1:$NAMESRV_PORT"
 # default, after every timer message (docs/architecture.md §8.2).
 shortPollingTimeMills = 100
 brokerIp1 = "127.0.0.1"
-listenPort = $BROKER_PORT
+listenPort = $port
 storePathRootDir = "$home/store"
 [broker.brokerServerConfig]
 bindAddress = "127.0.0.1"
 [broker.brokerIdentity]
-brokerName = "broker-a"
+brokerName = "$name"
 brokerClusterName = "DefaultCluster"
 brokerId = 0
 [store]
@@ -145,7 +154,7 @@ storeType = "LocalFile"
 brokerRole = "ASYNC_MASTER"
 storePathRootDir = "$home/store"
 haListenAddress = "127.0.0.1"
-haListenPort = 10912
+haListenPort = $((port + 1))
 # Timer messages (the delayed cancels, docs/architecture.md §8.2): the timer
 # store indexes and delivers at most timerSourceBatchMessages and
 # timerDueBatchMessages per 1 s tick, 64 each by default, and delivers
@@ -157,11 +166,11 @@ timerDueBatchMessages = 4096
 timerPrecisionMs = $precision
 mappedFileSizeConsumeQueue = $cq_size
 TOML
-  log "starting rocketmq broker"
+  log "starting rocketmq $name"
   ROCKETMQ_HOME="$home" nohup "$BROKER_BIN" -c "$home/broker.toml" >"$home/broker.log" 2>&1 &
-  echo $! > "$STARTED/broker"
-  wait_until 90 "rocketmq broker" port_open "$BROKER_PORT" \
-    || die "broker did not listen on $BROKER_PORT (see $home/broker.log)"
+  echo $! > "$STARTED/$dir"
+  wait_until 90 "rocketmq $name" port_open "$port" \
+    || die "$name did not listen on $port (see $home/broker.log)"
 }
 
 # $SECKILLCTL names an already built binary (test.sh and demo.sh pass theirs):
@@ -180,7 +189,8 @@ up() {
   redis_up
   rocketmq_install
   namesrv_up
-  broker_up
+  broker_up broker-a "$BROKER_PORT"
+  if [ "$CLUSTER" = 1 ]; then broker_up broker-b "$BROKER_B_PORT"; fi
   pg_setup
   pg_migrate
   mq_setup
@@ -203,7 +213,7 @@ mq_setup() {
   if [ -f "$STARTED/broker" ]; then
     log "the broker is not registered with the nameserver; restarting it once (see $STATE_DIR/broker/broker.log)"
     stop_pid broker
-    broker_up
+    broker_up broker-a "$BROKER_PORT"
     seckillctl mq setup --wait 90s && return
   fi
   die "topics and groups could not be created; see $STATE_DIR/broker/broker.log"
@@ -224,6 +234,11 @@ stop_pid() {
 }
 
 down() {
+  stop_pid broker-b
+  if [ "$CLUSTER" = 1 ]; then
+    log "stopped the cluster profile's nodes; the single-node stack runs on"
+    return
+  fi
   stop_pid broker
   stop_pid namesrv
   if [ -f "$STARTED/redis" ]; then
@@ -254,15 +269,39 @@ status() {
   else row redis "127.0.0.1:$REDIS_PORT" - DOWN; rc=1; fi
   if port_open "$NAMESRV_PORT"; then row rocketmq-namesrv "127.0.0.1:$NAMESRV_PORT" "$ROCKETMQ_VERSION" healthy
   else row rocketmq-namesrv "127.0.0.1:$NAMESRV_PORT" - DOWN; rc=1; fi
-  if port_open "$BROKER_PORT"; then row rocketmq-broker "127.0.0.1:$BROKER_PORT" "$ROCKETMQ_VERSION" healthy
-  else row rocketmq-broker "127.0.0.1:$BROKER_PORT" - DOWN; rc=1; fi
+  if port_open "$BROKER_PORT"; then row rocketmq-broker-a "127.0.0.1:$BROKER_PORT" "$ROCKETMQ_VERSION" healthy
+  else row rocketmq-broker-a "127.0.0.1:$BROKER_PORT" - DOWN; rc=1; fi
+  # broker-b: when this stack started it, or asked for (--cluster).
+  if [ "$CLUSTER" = 1 ] || [ -f "$STARTED/broker-b" ]; then
+    if port_open "$BROKER_B_PORT"; then row rocketmq-broker-b "127.0.0.1:$BROKER_B_PORT" "$ROCKETMQ_VERSION" healthy
+    else row rocketmq-broker-b "127.0.0.1:$BROKER_B_PORT" - DOWN; rc=1; fi
+  fi
   return $rc
 }
 
-case "${1:-}" in
+# The lines that point the CLI and the engine at this stack: `eval "$(scripts/stack.sh env)"`.
+# Both brokers sit behind the one NameServer, so the cluster profile's
+# brokers need no address of their own: clients find them through it.
+env_lines() {
+  printf 'export SECKILL_DATABASE_URL=%q\n' "$SECKILL_DATABASE_URL"
+  printf 'export SECKILL_REDIS_URL=%q\n' "$SECKILL_REDIS_URL"
+  printf 'export SECKILL_NAMESRV_ADDR=%q\n' "$SECKILL_NAMESRV_ADDR"
+}
+
+CLUSTER=0
+cmd=${1:-}
+shift || true
+for arg in "$@"; do
+  case "$arg" in
+    --cluster) CLUSTER=1 ;;
+    *) echo "unknown option $arg; usage: $0 up|down|status|env|install [--cluster]" >&2; exit 2 ;;
+  esac
+done
+case "$cmd" in
   up) up ;;
   down) down ;;
   status) status ;;
+  env) env_lines ;;
   install) rocketmq_install ;;
-  *) echo "usage: $0 up|down|status|install" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|env|install [--cluster]" >&2; exit 2 ;;
 esac

@@ -17,6 +17,10 @@ installer=$!
 log "cargo test --no-run (broker binaries: $STATE_DIR/install.log)"
 cargo test --workspace --locked --no-run
 wait "$installer" || { tail -n 40 "$STATE_DIR/install.log" >&2; die "building the broker binaries failed"; }
+# The single-node tests see one broker: a broker-b left by an earlier
+# cluster run (stack.sh up --cluster) is stopped first, and comes back for
+# the cluster suite at the end.
+"$ROOT/scripts/stack.sh" down --cluster >/dev/null
 SECKILLCTL="$CARGO_TARGET_DIR/debug/seckillctl" "$ROOT/scripts/stack.sh" up
 
 log "cargo fmt --check"
@@ -28,7 +32,7 @@ if cargo tree --locked -p seckill-engine -e normal --prefix none | grep -E '^(cl
 fi
 
 log "cargo clippy --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked --features seckill-tests/cluster -- -D warnings
 
 log "cargo test"
 # Two cores: the integration tests share one broker, so keep the number of
@@ -40,5 +44,15 @@ cargo test --workspace --locked -- --test-threads "${SECKILL_TEST_THREADS:-4}"
 # subset here; `seckillctl drill run all` is the full set (README).
 log "seckillctl drill run ci"
 "$CARGO_TARGET_DIR/debug/seckillctl" drill run ci
+
+# The cluster profile (docs/scaling.md): a second broker behind the same
+# NameServer, then the suite that needs it, then back to single-node so the
+# next run's single-node tests see one broker again.
+log "cluster profile: stack.sh up --cluster, then the cluster suite"
+SECKILLCTL="$CARGO_TARGET_DIR/debug/seckillctl" "$ROOT/scripts/stack.sh" up --cluster >/dev/null
+cluster_rc=0
+cargo test --locked -p seckill-tests --features cluster --test cluster || cluster_rc=$?
+"$ROOT/scripts/stack.sh" down --cluster
+[ "$cluster_rc" = 0 ] || die "the cluster suite failed"
 
 log "all green in $((SECONDS - started)) s"

@@ -1,0 +1,181 @@
+//! The cluster profile (`./scripts/stack.sh up --cluster`): two brokers,
+//! broker-a and broker-b, behind one NameServer, the seckill topics' queues
+//! on both. `scripts/test.sh` starts broker-b after the single-node tests and
+//! runs this suite (`--features cluster`); without two brokers every test
+//! here fails, naming the command that starts the second.
+//!
+//! - a flash sale whose messages travel through both brokers sells its
+//!   stock exactly once and reconciles;
+//! - a dead message in each broker's DLQ is mirrored exactly once: each
+//!   broker has its own queue 0, and the mirror keeps an offset per broker
+//!   (docs/architecture.md §9.1).
+
+use anyhow::{Result, ensure};
+use seckill_engine::{
+    ActivityId, ConsumerSpec, OrderConsumer, Producer, RequestId, RocketConsumer, RocketProducer,
+    SkuId, TopicKind, mirror_once, publish::to_outgoing, reconcile,
+};
+use seckill_tests::{Engine, Setup, TestEnv, eventually, order_create, run};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The brokers the topic's queues live on, with the messages each holds.
+async fn per_broker(env: &TestEnv, topic: &str) -> Result<BTreeMap<String, i64>> {
+    let mut out = BTreeMap::new();
+    for (broker, q) in env.admin.queue_offsets(topic).await? {
+        *out.entry(broker).or_default() += q.max - q.min;
+    }
+    Ok(out)
+}
+
+async fn two_brokers(env: &TestEnv) -> Result<()> {
+    let brokers = env.admin.brokers().await?;
+    ensure!(
+        brokers.len() >= 2,
+        "the cluster suite needs two brokers, found {brokers:?}: run `./scripts/stack.sh up --cluster`"
+    );
+    let topic = env.names.topic(TopicKind::OrderCreate);
+    let on = per_broker(env, &topic).await?;
+    ensure!(on.len() >= 2, "{topic} has queues on {:?} only", on.keys());
+    Ok(())
+}
+
+#[test]
+fn a_flash_sale_through_two_brokers_sells_its_stock_once() {
+    run(Setup::Full, |env| async move {
+        two_brokers(&env).await?;
+        let (activity, sku, stock, buyers) = (ActivityId(41), SkuId(1), 150, 300);
+        env.seed_activity(activity, sku, stock, 300_000).await?;
+        let engine = Engine::start(&env, env.cfg.clone()).await?;
+        let url = format!(
+            "http://{}/v1/activities/{}/skus/{}/reservations",
+            engine.addr, activity.0, sku.0
+        );
+        let mut accepted = 0;
+        for user in 1..=buyers {
+            let r = engine
+                .http
+                .post(&url)
+                .json(&serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}))
+                .send()
+                .await?;
+            accepted += usize::from(r.status() == 202);
+        }
+        ensure!(accepted == stock as usize, "{accepted} accepted");
+        eventually(
+            Duration::from_secs(60),
+            "an order per accepted reservation",
+            || async {
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+                    .fetch_one(&env.pool)
+                    .await?;
+                Ok((n == stock).then_some(()))
+            },
+        )
+        .await?;
+        let on = per_broker(&env, &env.names.topic(TopicKind::OrderCreate)).await?;
+        ensure!(
+            on.len() >= 2 && on.values().all(|n| *n > 0),
+            "the order messages went through {on:?}"
+        );
+        let report = reconcile::run(&env.pool, &env.store(), activity).await?;
+        ensure!(report.passed(), "{report:#?}");
+        engine.stop().await
+    });
+}
+
+#[test]
+fn a_dead_message_in_each_brokers_dlq_is_mirrored_exactly_once() {
+    run(Setup::Full, |env| async move {
+        two_brokers(&env).await?;
+        let (activity, sku) = (ActivityId(42), SkuId(1));
+        env.seed_activity(activity, sku, 100, 300_000).await?;
+        // Every order of this test's database is refused: each message dies.
+        sqlx::raw_sql(
+            "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'poison: order of user % refused', NEW.user_id; END $$;
+             CREATE TRIGGER poison BEFORE INSERT ON orders FOR EACH ROW EXECUTE FUNCTION poison();",
+        )
+        .execute(&env.pool)
+        .await?;
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        env.admin.ensure_group(&group, 1).await?;
+        let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
+        spec.max_reconsume_times = 1;
+        let consumer = RocketConsumer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &spec,
+            Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
+        )
+        .await?;
+        let producer = RocketProducer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &env.names.producer_group(),
+            Duration::from_secs(3),
+            1,
+        )
+        .await?;
+        // More messages than the topic has queues on one broker: the
+        // producer's round robin puts some on each.
+        let sent = i64::from(kind.queues()) + 16;
+        for user in 1..=sent {
+            let m = order_create(activity, sku, user);
+            let r = producer
+                .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+                .await;
+            ensure!(r.is_confirmed(), "{r:?}");
+        }
+        let on = per_broker(&env, &topic).await?;
+        ensure!(
+            on.values().filter(|n| **n > 0).count() >= 2,
+            "sent through {on:?}"
+        );
+
+        // Every pass's count added up: a message mirrored twice shows.
+        let mut mirrored = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        while mirrored < sent as usize {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "only {mirrored} of {sent} dead messages mirrored in 180 s"
+            );
+            mirrored += mirror_once(&env.admin, &env.pool, &env.names)
+                .await?
+                .mirrored;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        consumer.shutdown().await;
+        producer.shutdown().await;
+        let again = mirror_once(&env.admin, &env.pool, &env.names).await?;
+        ensure!(
+            mirrored == sent as usize && again.mirrored == 0,
+            "mirrored {mirrored} for {sent} dead, then {} more",
+            again.mirrored
+        );
+        let by_broker: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT dlq_broker, count(*) FROM dlq_messages WHERE consumer_group = $1 GROUP BY 1 ORDER BY 1",
+        )
+        .bind(&group)
+        .fetch_all(&env.pool)
+        .await?;
+        ensure!(
+            by_broker.len() >= 2 && by_broker.iter().map(|(_, n)| n).sum::<i64>() == sent,
+            "dead copies per broker: {by_broker:?}"
+        );
+        let offsets: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT broker_name FROM dlq_mirror_offsets WHERE consumer_group = $1 ORDER BY 1",
+        )
+        .bind(&group)
+        .fetch_all(&env.pool)
+        .await?;
+        ensure!(
+            offsets == by_broker.iter().map(|(b, _)| b.clone()).collect::<Vec<_>>(),
+            "offsets kept for {offsets:?}"
+        );
+        Ok(())
+    });
+}
