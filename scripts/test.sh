@@ -51,7 +51,7 @@ log "seckillctl drill run ci"
 log "cluster profile: stack.sh up --cluster, then the cluster suite"
 SECKILLCTL="$CARGO_TARGET_DIR/debug/seckillctl" "$ROOT/scripts/stack.sh" up --cluster >/dev/null
 cluster_rc=0
-cargo test --locked -p seckill-tests --features cluster --test cluster || cluster_rc=$?
+cargo test --locked -p seckill-tests --features cluster --test cluster -- --test-threads 1 || cluster_rc=$?
 "$ROOT/scripts/stack.sh" down --cluster
 [ "$cluster_rc" = 0 ] || die "the cluster suite failed"
 

@@ -8,7 +8,11 @@
 //!   stock exactly once and reconciles;
 //! - a dead message in each broker's DLQ is mirrored exactly once: each
 //!   broker has its own queue 0, and the mirror keeps an offset per broker
-//!   (docs/architecture.md §9.1).
+//!   (docs/architecture.md §9.1);
+//! - broker-b killed (kill -9, by the pid stack.sh recorded) in the middle
+//!   of a burst costs no order, once `stack.sh up --cluster` brings it back.
+//!
+//! One test at a time (`--test-threads 1`): the kill would fail the others.
 
 use anyhow::{Result, ensure};
 use seckill_engine::{
@@ -47,7 +51,11 @@ fn a_flash_sale_through_two_brokers_sells_its_stock_once() {
         two_brokers(&env).await?;
         let (activity, sku, stock, buyers) = (ActivityId(41), SkuId(1), 150, 300);
         env.seed_activity(activity, sku, stock, 300_000).await?;
-        let engine = Engine::start(&env, env.cfg.clone()).await?;
+        // One message per send: a batch goes to one queue, and a few large
+        // batches could all land on one broker.
+        let mut cfg = env.cfg.clone();
+        cfg.publisher.batch_max = 1;
+        let engine = Engine::start(&env, cfg).await?;
         let url = format!(
             "http://{}/v1/activities/{}/skus/{}/reservations",
             engine.addr, activity.0, sku.0
@@ -177,5 +185,135 @@ fn a_dead_message_in_each_brokers_dlq_is_mirrored_exactly_once() {
             "offsets kept for {offsets:?}"
         );
         Ok(())
+    });
+}
+
+/// The pid `stack.sh` recorded for broker-b: the only process this test may
+/// stop, and only by that pid.
+fn broker_b_pid() -> Result<i32> {
+    let cache = std::env::var("SECKILL_CACHE_DIR").map_or_else(
+        |_| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                .join(".cache/seckillctl")
+        },
+        std::path::PathBuf::from,
+    );
+    let state = std::env::var("SECKILL_STATE_DIR")
+        .map_or_else(|_| cache.join("stack"), std::path::PathBuf::from);
+    let file = state.join("started/broker-b");
+    let text = std::fs::read_to_string(&file).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: {e}; this test stops only a broker-b that `./scripts/stack.sh up --cluster` started",
+            file.display()
+        )
+    })?;
+    Ok(text.trim().parse()?)
+}
+
+/// `./scripts/stack.sh up --cluster`: starts broker-b again (and checks
+/// everything else is up), as on-call would.
+async fn stack_up_cluster() -> Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut cmd = tokio::process::Command::new(root.join("scripts/stack.sh"));
+    cmd.args(["up", "--cluster"]);
+    if let Ok(dir) = std::env::var("CARGO_TARGET_DIR") {
+        let bin = std::path::Path::new(&dir).join("debug/seckillctl");
+        if bin.exists() {
+            cmd.env("SECKILLCTL", bin);
+        }
+    }
+    let out = cmd.output().await?;
+    ensure!(
+        out.status.success(),
+        "stack.sh up --cluster: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Killing one broker of the two mid-burst costs no order: sends fail over
+/// to the other broker's queues or wait in Redis for the scanner, and what
+/// the dead broker had stored is consumed once it returns.
+#[test]
+fn one_broker_killed_mid_burst_costs_no_order() {
+    run(Setup::Full, |env| async move {
+        two_brokers(&env).await?;
+        let pid = broker_b_pid()?;
+        let (activity, sku, stock, buyers) = (ActivityId(43), SkuId(1), 300, 600);
+        env.seed_activity(activity, sku, stock, 300_000).await?;
+        let engine = Engine::start(&env, env.cfg.clone()).await?;
+        let url = format!(
+            "http://{}/v1/activities/{}/skus/{}/reservations",
+            engine.addr, activity.0, sku.0
+        );
+        let accepted = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let burst = {
+            let (http, url, accepted) = (engine.http.clone(), url.clone(), accepted.clone());
+            tokio::spawn(async move {
+                let next = Arc::new(std::sync::atomic::AtomicI64::new(1));
+                let mut workers = tokio::task::JoinSet::new();
+                // Two buyers at a time, 10 ms apart: a burst of about 3 s,
+                // so the kill lands in its middle.
+                for _ in 0..2 {
+                    let (http, url, accepted, next) =
+                        (http.clone(), url.clone(), accepted.clone(), next.clone());
+                    workers.spawn(async move {
+                        loop {
+                            let user = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if user > buyers {
+                                return;
+                            }
+                            let body = serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()});
+                            if let Ok(r) = http.post(&url).json(&body).send().await
+                                && r.status() == 202
+                            {
+                                accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    });
+                }
+                while workers.join_next().await.is_some() {}
+            })
+        };
+        eventually(
+            Duration::from_secs(30),
+            "a third of the stock reserved",
+            || async {
+                Ok(
+                    (accepted.load(std::sync::atomic::Ordering::Relaxed) >= stock / 3)
+                        .then_some(()),
+                )
+            },
+        )
+        .await?;
+        // kill -9 of broker-b, by the pid stack.sh recorded.
+        let killed = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()?;
+        ensure!(killed.success(), "kill -9 {pid}");
+        let at_kill = accepted.load(std::sync::atomic::Ordering::Relaxed);
+        burst.await?;
+        let sold = accepted.load(std::sync::atomic::Ordering::Relaxed);
+        ensure!(sold == stock, "{sold} accepted of {stock}");
+        ensure!(
+            at_kill < stock,
+            "the burst was over ({at_kill} accepted) before the kill"
+        );
+        stack_up_cluster().await?;
+        eventually(
+            Duration::from_secs(180),
+            "an order per accepted reservation",
+            || async {
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+                    .fetch_one(&env.pool)
+                    .await?;
+                Ok((n == stock).then_some(()))
+            },
+        )
+        .await?;
+        let report = reconcile::run(&env.pool, &env.store(), activity).await?;
+        ensure!(report.passed(), "{report:#?}");
+        engine.stop().await
     });
 }
