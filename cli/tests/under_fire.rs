@@ -279,7 +279,7 @@ fn a_sale_under_a_flood_of_garbage_sells_the_stock_once_and_quarantines_each_bad
                                 // No answer at all: the refusal was lost (a
                                 // reset connection), which the test forbids.
                                 Err(e) => {
-                                    eprintln!("no answer to {:?}: {e}", r.path);
+                                    eprintln!("no answer to {:?}: {e:?}", r.path);
                                     0
                                 }
                             };

@@ -197,7 +197,7 @@ pub async fn guard(
                 denied.body().reason
             );
             let refusal = (denied.status(), axum::Json(denied.body())).into_response();
-            crate::daemon::state::refuse_unread(req.into_body(), refusal).await
+            crate::daemon::body::refuse_unread(req.into_body(), refusal).await
         }
     }
 }

@@ -91,6 +91,7 @@ pub fn router(state: AppState, gate: Arc<Gate>, http: &HttpConfig) -> Router {
     public
         .merge(operator)
         .layer(DefaultBodyLimit::max(http.max_body_bytes))
+        .layer(Extension(crate::daemon::body::BodyCap(http.max_body_bytes)))
         .with_state(state)
 }
 

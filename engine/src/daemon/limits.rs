@@ -13,7 +13,8 @@
 //!   handlers answer 413 (`state::bad_body`).
 
 use crate::config::HttpConfig;
-use crate::daemon::state::{refuse_unread, reject};
+use crate::daemon::body::refuse_unread;
+use crate::daemon::state::reject;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;

@@ -70,7 +70,7 @@ impl AppState {
 /// send its next request down a connection about to close. Without it a
 /// keep-alive client lost that next request to a broken pipe (found by the
 /// sale-under-fire test, cli/tests/under_fire.rs). Where the body is small,
-/// reading it first ([`refuse_unread`]) keeps the reply from being reset.
+/// reading it first (`body::refuse_unread`) keeps the reply from being reset.
 pub fn closing(mut r: Response) -> Response {
     r.headers_mut().insert(
         axum::http::header::CONNECTION,
@@ -78,22 +78,6 @@ pub fn closing(mut r: Response) -> Response {
     );
     r
 }
-
-/// A refusal made before the body was read: reads and drops the body, up
-/// to [`DRAIN_CAP`] and for at most a second, so the connection stays
-/// usable; a body past either is left, and the refusal says `Connection:
-/// close` ([`closing`]). A socket closed with unread input is reset, and
-/// the reset can destroy the refusal before the client reads it.
-pub async fn refuse_unread(body: axum::body::Body, refusal: Response) -> Response {
-    let read = axum::body::to_bytes(body, DRAIN_CAP);
-    match tokio::time::timeout(std::time::Duration::from_secs(1), read).await {
-        Ok(Ok(_)) => refusal,
-        _ => closing(refusal),
-    }
-}
-
-/// The most of a refused body [`refuse_unread`] reads.
-pub const DRAIN_CAP: usize = 64 * 1024;
 
 /// Every 4xx and 5xx: a stable code and a reason for people.
 pub(super) fn reject(status: StatusCode, error: &str, reason: impl Into<String>) -> Response {
