@@ -88,9 +88,9 @@ pub use decide::scale::{self, Advice, ScaleInputs};
 pub use mq::rocket::{MqError, QueueOffsets, RocketAdmin, RocketConsumer, RocketProducer};
 pub use mq::topics::{dlq_topic, retry_topic};
 pub use mq::{
-    ConsumeVerdict, ConsumerSpec, DefiniteCause, Handler, IncomingMessage, Names, OutgoingMessage,
-    PROP_MESSAGE_ID, Producer, SendOutcome, SendReceipt, Sender, StartFrom, TopicKind, TopicSpec,
-    TopicType, UnknownCause, setup as setup_mq,
+    BrokerLag, ConsumeVerdict, ConsumerSpec, DefiniteCause, Handler, IncomingMessage, Names,
+    OutgoingMessage, PROP_MESSAGE_ID, Producer, SendOutcome, SendReceipt, Sender, StartFrom,
+    TopicKind, TopicSpec, TopicType, UnknownCause, setup as setup_mq,
 };
 pub use reservation::{
     MqStatus, ReleaseOutcome, Reservation, ReservationError, ReservationStore, ReserveOutcome,

@@ -317,3 +317,85 @@ fn one_broker_killed_mid_burst_costs_no_order() {
         engine.stop().await
     });
 }
+
+/// A consumer that takes its messages and answers nothing until released:
+/// what it holds stays unconsumed, so the lag can be read.
+struct Held(tokio::sync::watch::Receiver<bool>);
+
+impl seckill_engine::Handler for Held {
+    async fn handle(
+        &self,
+        _: Vec<seckill_engine::IncomingMessage>,
+    ) -> seckill_engine::ConsumeVerdict {
+        let mut released = self.0.clone();
+        let _ = released.wait_for(|r| *r).await;
+        seckill_engine::ConsumeVerdict::Ack
+    }
+}
+
+/// The backlog broker by broker (`backlog --by-broker`): each broker's
+/// part is its own, and the parts add up to the group's lag.
+#[test]
+fn the_lag_is_split_by_broker_and_the_parts_add_up() {
+    run(Setup::Full, |env| async move {
+        two_brokers(&env).await?;
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        let (release, held) = tokio::sync::watch::channel(false);
+        let consumer = RocketConsumer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &ConsumerSpec::new(group.clone(), topic.clone()),
+            Arc::new(Held(held)),
+        )
+        .await?;
+        let producer = RocketProducer::start(
+            env.rt.clone(),
+            &env.cfg.namesrv_addr,
+            &env.names.producer_group(),
+            Duration::from_secs(3),
+            1,
+        )
+        .await?;
+        let sent = i64::from(kind.queues()) + 16;
+        for user in 1..=sent {
+            let m = order_create(ActivityId(44), SkuId(1), user);
+            let r = producer
+                .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+                .await;
+            ensure!(r.is_confirmed(), "{r:?}");
+        }
+        producer.shutdown().await;
+        let lag = eventually(
+            Duration::from_secs(30),
+            "the whole send counted as lag",
+            || async {
+                let d = env.admin.lag_detail(&topic, &group, 1, 8).await?;
+                Ok((d.messages == sent).then_some(d))
+            },
+        )
+        .await?;
+        ensure!(
+            lag.per_broker.len() >= 2 && lag.per_broker.iter().all(|b| b.messages > 0),
+            "{:?}",
+            lag.per_broker
+        );
+        ensure!(
+            lag.per_broker.iter().map(|b| b.messages).sum::<i64>() == lag.messages,
+            "{:?} against {}",
+            lag.per_broker,
+            lag.messages
+        );
+        ensure!(
+            lag.per_broker
+                .iter()
+                .any(|b| (b.seconds - lag.seconds).abs() < 1e-9),
+            "the group's wait is its longest broker's: {:?} against {}",
+            lag.per_broker,
+            lag.seconds
+        );
+        release.send(true)?;
+        consumer.shutdown().await;
+        Ok(())
+    });
+}

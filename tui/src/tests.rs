@@ -47,6 +47,7 @@ fn group(
         drain: Some(drain),
         seconds_to_oldest_expiry: Some(240.0),
         verdict,
+        per_broker: Vec::new(),
     }
 }
 

@@ -45,6 +45,9 @@ pub struct BacklogArgs {
     /// How often --watch redraws
     #[arg(long, value_parser = crate::parse::duration, default_value = "1s")]
     every: Duration,
+    /// Also list each group's lag broker by broker (always in the JSON)
+    #[arg(long)]
+    by_broker: bool,
     #[command(flatten)]
     w: RateWindowArgs,
 }
@@ -102,6 +105,9 @@ pub struct BacklogReport {
     pub at_ms: i64,
     pub groups: Vec<BacklogRow>,
     pub errors: Vec<SourceError>,
+    /// `--by-broker`: the table lists each group's brokers too.
+    #[serde(skip)]
+    pub by_broker: bool,
 }
 
 impl Tabular for BacklogReport {
@@ -141,7 +147,20 @@ impl Tabular for BacklogReport {
     }
 
     fn footer(&self) -> Vec<String> {
-        let mut lines = error_lines(&self.errors);
+        let mut lines = Vec::new();
+        if self.by_broker {
+            // One line per (group, broker): the brokers' parts add up to the
+            // group's lag, and the longest wait is the group's.
+            for r in &self.groups {
+                for b in &r.per_broker {
+                    lines.push(format!(
+                        "{} on {}: {} msgs, {:.1} s",
+                        r.group, b.broker, b.messages, b.seconds
+                    ));
+                }
+            }
+        }
+        lines.extend(error_lines(&self.errors));
         if self.groups.iter().any(|r| r.verdict != Level::Ok) {
             lines.push("lag over threshold: runbooks/consumer-lag.md; `seckillctl scale advise` for the lever".into());
         }
@@ -164,6 +183,7 @@ fn backlog_report(args: &BacklogArgs, o: &Observation) -> BacklogReport {
             .cloned()
             .collect(),
         errors: o.sample.errors.clone(),
+        by_broker: args.by_broker,
     }
 }
 

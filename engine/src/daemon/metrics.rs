@@ -636,6 +636,7 @@ mod tests {
             consumer_offsets: 0,
             oldest_valid_until_ms: None,
             expiring: 0,
+            per_broker: Vec::new(),
         };
         let pending = |activity, count, oldest_created_ms| PendingSample {
             activity_id: ActivityId(activity),

@@ -217,6 +217,30 @@ pub struct LagDetail {
     pub consumer_offsets: i64,
     /// Unconsumed messages at the head of each queue (a bounded probe).
     pub heads: Vec<IncomingMessage>,
+    /// The same lag, broker by broker (two brokers are first-class:
+    /// docs/scaling.md), by broker name.
+    pub per_broker: Vec<BrokerLag>,
+}
+
+/// One broker's part of a group's lag.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct BrokerLag {
+    pub broker: String,
+    pub messages: i64,
+    pub seconds: f64,
+}
+
+/// Adds `b`'s lag of a broker into `into` (pure): messages add up, the
+/// wait is the longest; one entry per broker, by name.
+pub fn merge_broker_lag(into: &mut Vec<BrokerLag>, b: &BrokerLag) {
+    match into.iter_mut().find(|x| x.broker == b.broker) {
+        Some(x) => {
+            x.messages += b.messages;
+            x.seconds = x.seconds.max(b.seconds);
+        }
+        None => into.push(b.clone()),
+    }
+    into.sort_by(|a, b| a.broker.cmp(&b.broker));
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -268,4 +292,21 @@ pub async fn setup(
         }
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn broker_lags_merge_by_name_adding_messages_and_keeping_the_longest_wait() {
+        let lag = |b: &str, messages, seconds| super::BrokerLag {
+            broker: b.into(),
+            messages,
+            seconds,
+        };
+        let mut all = Vec::new();
+        super::merge_broker_lag(&mut all, &lag("broker-b", 3, 1.0));
+        super::merge_broker_lag(&mut all, &lag("broker-a", 2, 4.0));
+        super::merge_broker_lag(&mut all, &lag("broker-b", 5, 2.5));
+        assert_eq!(all, vec![lag("broker-a", 2, 4.0), lag("broker-b", 8, 2.5)]);
+    }
 }

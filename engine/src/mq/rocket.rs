@@ -634,7 +634,17 @@ impl RocketAdmin {
     ) -> Result<LagDetail, MqError> {
         let mut d = LagDetail::default();
         let mut oldest_store_ms: Option<i64> = None;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let wait_s =
+            |oldest: Option<i64>| oldest.map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0);
         for broker in self.brokers().await? {
+            let mut here = super::BrokerLag {
+                broker: broker.name.clone(),
+                ..Default::default()
+            };
+            let mut oldest_here: Option<i64> = None;
             let stats = bounded(
                 "consume stats",
                 self.timeout,
@@ -654,6 +664,7 @@ impl RocketAdmin {
                 d.consumer_offsets += consumer.min(head);
                 if head > consumer {
                     d.messages += head - consumer;
+                    here.messages += head - consumer;
                     behind.push((mq, consumer, head - consumer));
                 }
             }
@@ -681,14 +692,14 @@ impl RocketAdmin {
                         .and_then(|v| v.parse::<i64>().ok())
                         .map_or(m.store_timestamp_ms, |at| at.max(m.store_timestamp_ms));
                     oldest_store_ms = Some(oldest_store_ms.map_or(ready, |o| o.min(ready)));
+                    oldest_here = Some(oldest_here.map_or(ready, |o| o.min(ready)));
                 }
                 d.heads.extend(pulled.messages);
             }
+            here.seconds = wait_s(oldest_here);
+            super::merge_broker_lag(&mut d.per_broker, &here);
         }
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        d.seconds = oldest_store_ms.map_or(0.0, |t| (now_ms - t).max(0) as f64 / 1000.0);
+        d.seconds = wait_s(oldest_store_ms);
         Ok(d)
     }
 

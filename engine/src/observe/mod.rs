@@ -74,6 +74,9 @@ pub struct GroupSample {
     pub oldest_valid_until_ms: Option<i64>,
     /// Probed unconsumed order messages whose validity ends within the horizon.
     pub expiring: u64,
+    /// The lag (topic and `%RETRY%`) broker by broker.
+    #[serde(default)]
+    pub per_broker: Vec<crate::mq::BrokerLag>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -483,7 +486,12 @@ async fn groups(
         } else {
             Vec::new()
         };
+        let mut per_broker = main.per_broker.clone();
+        for b in &retry.per_broker {
+            crate::mq::merge_broker_lag(&mut per_broker, b);
+        }
         out.push(GroupSample {
+            per_broker,
             group,
             topic,
             lag_messages: main.messages + retry.messages,

@@ -37,6 +37,8 @@ pub struct BacklogRow {
     pub drain: Option<Drain>,
     pub seconds_to_oldest_expiry: Option<f64>,
     pub verdict: Level,
+    /// The lag broker by broker (`backlog --by-broker`).
+    pub per_broker: Vec<crate::mq::BrokerLag>,
 }
 
 pub fn backlog(prev: Option<&Sample>, cur: &Sample, names: &Names) -> Vec<BacklogRow> {
@@ -76,6 +78,7 @@ pub fn backlog(prev: Option<&Sample>, cur: &Sample, names: &Names) -> Vec<Backlo
                 drain,
                 seconds_to_oldest_expiry: to_expiry,
                 verdict: backlog::verdict(g.lag_seconds, drain.unwrap_or(Drain::Empty), to_expiry),
+                per_broker: g.per_broker.clone(),
             }
         })
         .collect()
@@ -341,6 +344,7 @@ mod tests {
             consumer_offsets: consumer,
             oldest_valid_until_ms: None,
             expiring: 0,
+            per_broker: Vec::new(),
         }
     }
 
