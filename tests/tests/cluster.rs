@@ -45,6 +45,29 @@ async fn two_brokers(env: &TestEnv) -> Result<()> {
     Ok(())
 }
 
+/// One order-create message per user, each sent alone: the producer's
+/// round robin then spreads them over every queue of both brokers.
+async fn send_orders(env: &TestEnv, activity: ActivityId, sku: SkuId, users: i64) -> Result<()> {
+    let topic = env.names.topic(TopicKind::OrderCreate);
+    let producer = RocketProducer::start(
+        env.rt.clone(),
+        &env.cfg.namesrv_addr,
+        &env.names.producer_group(),
+        Duration::from_secs(3),
+        1,
+    )
+    .await?;
+    for user in 1..=users {
+        let m = order_create(activity, sku, user);
+        let r = producer
+            .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+            .await;
+        ensure!(r.is_confirmed(), "{r:?}");
+    }
+    producer.shutdown().await;
+    Ok(())
+}
+
 #[test]
 fn a_flash_sale_through_two_brokers_sells_its_stock_once() {
     run(Setup::Full, |env| async move {
@@ -119,24 +142,9 @@ fn a_dead_message_in_each_brokers_dlq_is_mirrored_exactly_once() {
             Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
         )
         .await?;
-        let producer = RocketProducer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &env.names.producer_group(),
-            Duration::from_secs(3),
-            1,
-        )
-        .await?;
-        // More messages than the topic has queues on one broker: the
-        // producer's round robin puts some on each.
+        // More messages than the topic has queues on one broker.
         let sent = i64::from(kind.queues()) + 16;
-        for user in 1..=sent {
-            let m = order_create(activity, sku, user);
-            let r = producer
-                .send(to_outgoing(&m, &topic), Duration::from_secs(3))
-                .await;
-            ensure!(r.is_confirmed(), "{r:?}");
-        }
+        send_orders(&env, activity, sku, sent).await?;
         let on = per_broker(&env, &topic).await?;
         ensure!(
             on.values().filter(|n| **n > 0).count() >= 2,
@@ -157,7 +165,6 @@ fn a_dead_message_in_each_brokers_dlq_is_mirrored_exactly_once() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         consumer.shutdown().await;
-        producer.shutdown().await;
         let again = mirror_once(&env.admin, &env.pool, &env.names).await?;
         ensure!(
             mirrored == sent as usize && again.mirrored == 0,
@@ -349,23 +356,8 @@ fn the_lag_is_split_by_broker_and_the_parts_add_up() {
             Arc::new(Held(held)),
         )
         .await?;
-        let producer = RocketProducer::start(
-            env.rt.clone(),
-            &env.cfg.namesrv_addr,
-            &env.names.producer_group(),
-            Duration::from_secs(3),
-            1,
-        )
-        .await?;
         let sent = i64::from(kind.queues()) + 16;
-        for user in 1..=sent {
-            let m = order_create(ActivityId(44), SkuId(1), user);
-            let r = producer
-                .send(to_outgoing(&m, &topic), Duration::from_secs(3))
-                .await;
-            ensure!(r.is_confirmed(), "{r:?}");
-        }
-        producer.shutdown().await;
+        send_orders(&env, ActivityId(44), SkuId(1), sent).await?;
         let lag = eventually(
             Duration::from_secs(30),
             "the whole send counted as lag",
