@@ -15,10 +15,10 @@ use anyhow::{Context, Result, ensure};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use seckill_engine::{
     ActivityId, ConsumeVerdict, FailureClass, Handler, IncomingMessage, MessageId, OrderConsumer,
-    OrderId, PROP_MESSAGE_ID, RequestId, ReservationId, ReservationOutcome, SkuId, TopicKind,
-    UserId, consume, consume::MessageOutcome, consume::Parsed, consume::RejectReason, consume::sql,
-    message::CancelOrderIfUnpaid, message::ORDER_CREATE_EVENT, message::OrderCreateRequested,
-    message::OrderEvent, message::ReleaseReservation, message::TraceContext,
+    OrderId, PROP_MESSAGE_ID, ReservationId, ReservationOutcome, SkuId, TopicKind, UserId, consume,
+    consume::MessageOutcome, consume::Parsed, consume::RejectReason, consume::sql,
+    message::CancelOrderIfUnpaid, message::OrderCreateRequested, message::OrderEvent,
+    message::ReleaseReservation,
 };
 use seckill_tests::{Setup, TestEnv, run};
 use secrecy::ExposeSecret;
@@ -253,27 +253,11 @@ fn new_msg(
     user: UserId,
     created: DateTime<Utc>,
 ) -> OrderCreateRequested {
-    let rsv = ReservationId::generate();
-    OrderCreateRequested {
-        schema_version: 1,
-        event_type: ORDER_CREATE_EVENT.into(),
-        message_id: MessageId::generate(),
-        message_key: rsv.clone(),
-        request_id: RequestId::generate(),
-        reservation_id: rsv,
-        order_id: OrderId::generate(),
-        activity_id: activity,
-        sku_id: sku,
-        user_id: user,
-        quantity: 1,
-        reservation_created_at: created,
-        reservation_valid_until: created + ChronoDuration::minutes(5),
-        created_at: created,
-        retry_count: 0,
-        replay_count: 0,
-        producer: "consume-test".into(),
-        trace: TraceContext::generate(),
-    }
+    let mut m = seckill_tests::order_create(activity, sku, user.0);
+    m.reservation_created_at = created;
+    m.reservation_valid_until = created + ChronoDuration::minutes(5);
+    m.created_at = created;
+    m
 }
 
 /// A message as the broker would hand it over.

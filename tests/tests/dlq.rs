@@ -8,10 +8,10 @@ use chrono::{Duration as ChronoDuration, Utc};
 use seckill_engine::{
     ActivityId, ApplyError, BulkRequest, CheckLevel as Level, ConsumerSpec, DlqEntryKey,
     DlqEntryStatus, FailureClass, MessageId, OrderConsumer, OrderId, Producer, ReplayDecision,
-    ReplayError, ReplayOutcome, ReplayRequest, RequestId, ReservationId, RocketConsumer,
-    RocketProducer, SkuId, TicketAction, TicketError, TicketId, TicketStatus, TopicKind, UserId,
-    message::ORDER_CREATE_EVENT, message::OrderCreateRequested, message::TraceContext, mirror_once,
-    publish::to_outgoing, replay::Check, replay::replay, replay::replay_ticket, tickets,
+    ReplayError, ReplayOutcome, ReplayRequest, RocketConsumer, RocketProducer, SkuId, TicketAction,
+    TicketError, TicketId, TicketStatus, TopicKind, UserId, message::OrderCreateRequested,
+    mirror_once, publish::to_outgoing, replay::Check, replay::replay, replay::replay_ticket,
+    tickets,
 };
 use seckill_tests::{Setup, eventually, run};
 use secrecy::ExposeSecret;
@@ -48,28 +48,7 @@ async fn producer(env: &seckill_tests::TestEnv) -> anyhow::Result<RocketProducer
 }
 
 fn order_msg(activity: ActivityId, sku: SkuId) -> OrderCreateRequested {
-    let rsv = ReservationId::generate();
-    let now = Utc::now();
-    OrderCreateRequested {
-        schema_version: 1,
-        event_type: ORDER_CREATE_EVENT.into(),
-        message_id: MessageId::generate(),
-        message_key: rsv.clone(),
-        request_id: RequestId::generate(),
-        reservation_id: rsv,
-        order_id: OrderId::generate(),
-        activity_id: activity,
-        sku_id: sku,
-        user_id: UserId(1),
-        quantity: 1,
-        reservation_created_at: now,
-        reservation_valid_until: now + ChronoDuration::minutes(5),
-        created_at: now,
-        retry_count: 0,
-        replay_count: 0,
-        producer: "dlq-test".into(),
-        trace: TraceContext::generate(),
-    }
+    seckill_tests::order_create(activity, sku, 1)
 }
 
 #[test]
@@ -1464,7 +1443,7 @@ fn two_operators_replaying_one_ticket_at_once_send_each_entry_once() {
     });
 }
 
-/// docs/architecture.md §13.5 / seed §29.2 #6: a replay of a message while the broker
+/// docs/architecture.md §13.5 (the drill table): a replay of a message while the broker
 /// redelivers the same message. 50 rounds at once: each message fails its
 /// first delivery (a gate refuses every order), the broker schedules its
 /// redelivery (about 10 s later), and meanwhile the gate opens and an

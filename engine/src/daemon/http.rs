@@ -17,7 +17,7 @@ use crate::domain::ids::{ActivityId, OrderId, RequestId, ReservationId, SkuId, U
 use crate::domain::stats::StatsView;
 use crate::pipeline::ingress::{Refusal, ReserveCall};
 use crate::pipeline::order::{self, PayOutcome};
-use axum::extract::{DefaultBodyLimit, Extension, Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -90,7 +90,6 @@ pub fn router(state: AppState, gate: Arc<Gate>, http: &HttpConfig) -> Router {
         .route_layer(within(ops_limits));
     public
         .merge(operator)
-        .layer(DefaultBodyLimit::max(http.max_body_bytes))
         .layer(Extension(crate::daemon::body::BodyCap(http.max_body_bytes)))
         .with_state(state)
 }
@@ -111,7 +110,7 @@ pub fn admin_router(state: AppState) -> Router {
 async fn reserve(
     State(state): State<AppState>,
     Path((activity, sku)): Path<(String, String)>,
-    body: Result<JsonBody<ReserveBody>, Response>,
+    JsonBody(body): JsonBody<ReserveBody>,
 ) -> Response {
     let Ok(activity) = activity.parse::<ActivityId>() else {
         return reject(
@@ -126,10 +125,6 @@ async fn reserve(
             "BAD_SKU_ID",
             "sku id must be a positive integer",
         );
-    };
-    let body = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
     };
     if body.user_id <= 0 {
         return reject(
@@ -215,18 +210,14 @@ async fn order_pay(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<MaybeJsonBody<PayBody>, Response>,
+    MaybeJsonBody(body): MaybeJsonBody<PayBody>,
 ) -> Response {
     let id = match OrderId::parse(&id) {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
     };
     // No body is a payment without an id of its own; a body that does not
-    // parse is refused, never taken for no body.
-    let body = match body {
-        Ok(MaybeJsonBody(b)) => b,
-        Err(r) => return r,
-    };
+    // parse is refused (by the extractor), never taken for no body.
     let payment_id = body
         .and_then(|b| b.payment_id)
         .unwrap_or_else(|| format!("pay_{}", ulid::Ulid::new()));

@@ -9,8 +9,8 @@
 //!   431 (hyper has already bounded what it buffered for them);
 //! - time: a request past its deadline is dropped and answered 503
 //!   `TIMED_OUT`, retryable;
-//! - body: past `max_body_bytes`, the JSON extractors stop reading and the
-//!   handlers answer 413 (`state::bad_body`).
+//! - body: past `max_body_bytes`, the JSON extractors (`body.rs`) answer
+//!   413 and drop the rest of the body, so the connection stays usable.
 
 use crate::config::HttpConfig;
 use crate::daemon::body::refuse_unread;
@@ -61,7 +61,10 @@ impl Limits {
 
 /// The request line and headers, in bytes as they came (pure).
 pub fn head_bytes(req: &Request) -> usize {
-    let line = req.method().as_str().len() + req.uri().to_string().len() + 12;
+    // The request target as sent: origin form on the API, so its path and
+    // query (no allocation on the hot path).
+    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
+    let line = req.method().as_str().len() + target + 12;
     req.headers()
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)

@@ -45,15 +45,11 @@ pub(super) async fn order_cancel(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<JsonBody<CancelBody>, Response>,
+    JsonBody(body): JsonBody<CancelBody>,
 ) -> Response {
     let id = match OrderId::parse(&id) {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_ORDER_ID", e.to_string()),
-    };
-    let body = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
     };
     let reason = body.reason.trim();
     if reason.is_empty() {
@@ -95,16 +91,13 @@ pub(super) async fn ticket_move(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<JsonBody<TicketBody>, Response>,
+    JsonBody(body): JsonBody<TicketBody>,
 ) -> Response {
     let id = match id.parse::<TicketId>() {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_TICKET_ID", e.to_string()),
     };
-    let action = match body {
-        Ok(JsonBody(b)) => action_of(b),
-        Err(r) => return r,
-    };
+    let action = action_of(body);
     match tickets::apply(&state.pool, &id, &action, &actor).await {
         Ok(t) => Json(t).into_response(),
         Err(ApplyError::Ticket(e)) => {
@@ -134,12 +127,8 @@ fn action_of(b: TicketBody) -> TicketAction {
 pub(super) async fn discard(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
-    body: Result<JsonBody<DiscardBody>, Response>,
+    JsonBody(body): JsonBody<DiscardBody>,
 ) -> Response {
-    let body = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
-    };
     let req = DiscardRequest {
         message_id: body.message_id,
         group: body.group,
@@ -206,12 +195,8 @@ fn verify_wait(ms: u64) -> Result<Duration, TooLong> {
 pub(super) async fn replay_one(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
-    body: Result<JsonBody<ReplayBody>, Response>,
+    JsonBody(b): JsonBody<ReplayBody>,
 ) -> Response {
-    let b = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
-    };
     let verify_within = match verify_wait(b.verify_within_ms) {
         Ok(d) => d,
         Err(e) => return e.response(),
@@ -239,15 +224,11 @@ pub(super) async fn replay_ticket(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<JsonBody<TicketReplayBody>, Response>,
+    JsonBody(b): JsonBody<TicketReplayBody>,
 ) -> Response {
     let ticket = match id.parse::<TicketId>() {
         Ok(id) => id,
         Err(e) => return reject(StatusCode::BAD_REQUEST, "BAD_TICKET_ID", e.to_string()),
-    };
-    let b = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
     };
     let verify_within = match verify_wait(b.verify_within_ms) {
         Ok(d) => d,
@@ -274,12 +255,8 @@ pub(super) async fn replay_ticket(
 /// `POST /v1/ops/dlq/rehearse`: the consumer's transaction, rolled back.
 pub(super) async fn rehearse(
     State(state): State<AppState>,
-    body: Result<JsonBody<RehearseBody>, Response>,
+    JsonBody(b): JsonBody<RehearseBody>,
 ) -> Response {
-    let b = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
-    };
     match replay::rehearse(&state.pool, &state.names, &b.message_id, b.group.as_deref()).await {
         Ok(r) => Json(r).into_response(),
         Err(RehearseError::Replay(e)) => replay_refused(e),
@@ -296,12 +273,8 @@ pub(super) async fn rehearse(
 pub(super) async fn activity_create(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
-    body: Result<JsonBody<ActivityBody>, Response>,
+    JsonBody(b): JsonBody<ActivityBody>,
 ) -> Response {
-    let b = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
-    };
     if b.force
         && let Err(denied) = decide(&actor.name, actor.role, Need::Administer)
     {
@@ -342,7 +315,7 @@ pub(super) async fn activity_restore(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<JsonBody<RestoreBody>, Response>,
+    JsonBody(b): JsonBody<RestoreBody>,
 ) -> Response {
     let Ok(activity) = id.parse::<ActivityId>() else {
         return reject(
@@ -350,10 +323,6 @@ pub(super) async fn activity_restore(
             "BAD_ACTIVITY_ID",
             "activity id must be a positive integer",
         );
-    };
-    let b = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
     };
     let wait = match verify_wait(b.wait_ms) {
         Ok(d) => d,
@@ -415,7 +384,7 @@ pub(super) async fn quarantine_discard(
     State(state): State<AppState>,
     Extension(actor): Extension<Actor>,
     Path(id): Path<String>,
-    body: Result<JsonBody<QuarantineDiscardBody>, Response>,
+    JsonBody(b): JsonBody<QuarantineDiscardBody>,
 ) -> Response {
     let Ok(id) = id.parse::<i64>() else {
         return reject(
@@ -423,10 +392,6 @@ pub(super) async fn quarantine_discard(
             "BAD_QUARANTINE_ID",
             "a quarantine id is the integer `seckillctl quarantine list` shows",
         );
-    };
-    let b = match body {
-        Ok(JsonBody(b)) => b,
-        Err(r) => return r,
     };
     match quarantine::discard(&state.pool, id, &b.reason, &actor).await {
         Ok(row) => Json(row).into_response(),

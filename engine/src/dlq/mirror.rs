@@ -82,9 +82,7 @@ pub async fn mirror_once(
         // ('') is that broker's; with several it could be any of theirs,
         // so each starts from its own row or its queue's minimum (reading
         // again is harmless: a copy already mirrored is recognised).
-        let one_broker = queues
-            .iter()
-            .all(|(b, _)| queues.first().is_some_and(|(first, _)| first == b));
+        let one_broker = queues.windows(2).all(|w| w[0].0 == w[1].0);
         for (broker, q) in queues {
             let saved: Option<i64> = sqlx::query_scalar(
                 "SELECT next_offset FROM dlq_mirror_offsets
