@@ -18,6 +18,10 @@ NAMESRV_PORT=9876
 BROKER_PORT=10911
 # The cluster profile's second broker (`stack.sh up --cluster`).
 BROKER_B_PORT=10921
+# The cluster profile's Redis Cluster: three masters, then one replica each.
+REDIS_CLUSTER_MASTERS="7001 7002 7003"
+REDIS_CLUSTER_REPLICAS="7004 7005 7006"
+REDIS_CLUSTER_URL="redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003"
 export SECKILL_DATABASE_URL="${SECKILL_DATABASE_URL:-postgres://postgres@$PG_HOST:$PG_PORT/seckill}"
 export SECKILL_REDIS_URL="${SECKILL_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/}"
 export SECKILL_NAMESRV_ADDR="${SECKILL_NAMESRV_ADDR:-127.0.0.1:$NAMESRV_PORT}"

@@ -2,10 +2,14 @@
 # The local stack on loopback: PostgreSQL, Redis, RocketMQ NameServer and Broker.
 #
 #   scripts/stack.sh up [--cluster]   start what is missing, wait for health, create db/topics/groups;
-#                                     --cluster adds a second broker (broker-b) behind the same NameServer
-#   scripts/stack.sh status   one row per component (every broker the NameServer knows of ours)
+#                                     --cluster adds a second broker (broker-b) behind the same
+#                                     NameServer and a Redis Cluster (3 masters on 7001-7003, a
+#                                     replica each on 7004-7006); a node that died is restarted
+#                                     and rejoins (docs/scaling.md §3)
+#   scripts/stack.sh status   one row per component (with --cluster or once started: every cluster node)
 #   scripts/stack.sh down [--cluster]  stop only what `up` started; --cluster: only the
-#                                      cluster profile's nodes (broker-b), back to single-node
+#                                      cluster profile's nodes (broker-b, the Redis Cluster),
+#                                      back to single-node
 #   scripts/stack.sh env [--cluster]  the `export SECKILL_...=` lines for this stack
 #   scripts/stack.sh install  only build the broker binaries (once; cached)
 #
@@ -78,6 +82,89 @@ redis_up() {
     --dir "$STATE_DIR/redis" --logfile "$STATE_DIR/redis/redis.log" >&2
   mark_started redis
   wait_until 30 redis redis_ready || die "redis did not answer PING on $REDIS_PORT (see $STATE_DIR/redis/redis.log)"
+}
+
+# --- Redis Cluster (the cluster profile) -------------------------------------
+# Six nodes on loopback, each a process of ours recorded by pid (the
+# machine's own Redis on 6379 is never touched). Node timeout 2 s: a dead
+# master's replica takes over within seconds, however long ago it last
+# heard from it (validity factor 0: availability first; the reservations a
+# replica has are those WAIT confirmed, docs/architecture.md §4.6). Full
+# coverage not required: the other masters keep serving their slots while
+# one shard fails over.
+redis_node_ready() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]; }
+
+redis_node_up() {
+  local port=$1 dir="$STATE_DIR/redis-cluster/$1"
+  if redis_node_ready "$port"; then return; fi
+  mkdir -p "$dir"
+  log "starting redis cluster node $port"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --save "" \
+    --appendonly yes --appendfsync everysec \
+    --cluster-enabled yes --cluster-config-file "$dir/nodes.conf" \
+    --cluster-node-timeout 2000 --cluster-require-full-coverage no \
+    --cluster-replica-validity-factor 0 --repl-diskless-sync-delay 0 \
+    --pidfile "$dir/redis.pid" --dir "$dir" --logfile "$dir/redis.log" >&2
+  wait_until 30 "redis cluster node $port" redis_node_ready "$port" \
+    || die "redis cluster node $port did not answer PING (see $dir/redis.log)"
+  cp "$dir/redis.pid" "$STARTED/redis-$port"
+}
+
+redis_cluster_ok() {
+  redis-cli -h 127.0.0.1 -p "${1:-7001}" cluster info 2>/dev/null | tr -d '\r' | grep -qx 'cluster_state:ok'
+}
+
+redis_cluster_up() {
+  command -v redis-server >/dev/null || apt_install redis-server
+  local port
+  for port in $REDIS_CLUSTER_MASTERS $REDIS_CLUSTER_REPLICAS; do redis_node_up "$port"; done
+  # Formed once; a node restarted later finds its peers in its nodes.conf
+  # and rejoins (a former master as its successor's replica).
+  local known
+  known=$(redis-cli -h 127.0.0.1 -p 7001 cluster info | tr -d '\r' | sed -n 's/^cluster_known_nodes://p')
+  if [ "${known:-1}" = 1 ]; then
+    log "creating the redis cluster (3 masters, 1 replica each)"
+    local nodes=()
+    for port in $REDIS_CLUSTER_MASTERS $REDIS_CLUSTER_REPLICAS; do nodes+=("127.0.0.1:$port"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$STATE_DIR/redis-cluster/create.log" 2>&1 \
+      || { cat "$STATE_DIR/redis-cluster/create.log" >&2; die "redis-cli --cluster create failed"; }
+  fi
+  for port in $REDIS_CLUSTER_MASTERS $REDIS_CLUSTER_REPLICAS; do
+    wait_until 30 "redis cluster (seen from $port)" redis_cluster_ok "$port" \
+      || die "the redis cluster is not ok as seen from $port: redis-cli -p $port cluster info"
+  done
+  # A replica that has not finished its first sync cannot take over: the
+  # cluster is up only once every replica holds its master's data.
+  local replica
+  for port in $REDIS_CLUSTER_MASTERS $REDIS_CLUSTER_REPLICAS; do
+    [ "$(redis-cli -h 127.0.0.1 -p "$port" role 2>/dev/null | head -n1)" = slave ] || continue
+    replica=$port
+    wait_until 30 "redis replica $replica in sync" redis_replica_synced "$replica" \
+      || die "redis replica $replica has not synced with its master (see $STATE_DIR/redis-cluster/$replica/redis.log)"
+  done
+}
+
+redis_replica_synced() {
+  redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null | tr -d '\r' | grep -qx 'master_link_status:up'
+}
+
+redis_cluster_down() {
+  local port
+  for port in $REDIS_CLUSTER_MASTERS $REDIS_CLUSTER_REPLICAS; do stop_pid "redis-$port"; done
+}
+
+# One row per cluster node: its role as the cluster sees it.
+redis_cluster_status() {
+  local port role v
+  for port in $REDIS_CLUSTER_MASTERS $REDIS_CLUSTER_REPLICAS; do
+    if redis_node_ready "$port"; then
+      role=$(redis-cli -h 127.0.0.1 -p "$port" role 2>/dev/null | head -n1)
+      v=$(redis-cli -h 127.0.0.1 -p "$port" info server | tr -d '\r' | sed -n 's/^redis_version://p')
+      if redis_cluster_ok "$port"; then
+        row "redis-$port" "127.0.0.1:$port" "${v:-?}" "healthy ($role)"
+      else row "redis-$port" "127.0.0.1:$port" "${v:-?}" "cluster not ok ($role)"; rc=1; fi
+    else row "redis-$port" "127.0.0.1:$port" - DOWN; rc=1; fi
+  done
 }
 
 # --- RocketMQ ----------------------------------------------------------------
@@ -190,7 +277,10 @@ up() {
   rocketmq_install
   namesrv_up
   broker_up broker-a "$BROKER_PORT"
-  if [ "$CLUSTER" = 1 ]; then broker_up broker-b "$BROKER_B_PORT"; fi
+  if [ "$CLUSTER" = 1 ]; then
+    broker_up broker-b "$BROKER_B_PORT"
+    redis_cluster_up
+  fi
   pg_setup
   pg_migrate
   mq_setup
@@ -235,6 +325,7 @@ stop_pid() {
 
 down() {
   stop_pid broker-b
+  redis_cluster_down
   if [ "$CLUSTER" = 1 ]; then
     log "stopped the cluster profile's nodes; the single-node stack runs on"
     return
@@ -276,6 +367,7 @@ status() {
     if port_open "$BROKER_B_PORT"; then row rocketmq-broker-b "127.0.0.1:$BROKER_B_PORT" "$ROCKETMQ_VERSION" healthy
     else row rocketmq-broker-b "127.0.0.1:$BROKER_B_PORT" - DOWN; rc=1; fi
   fi
+  if [ "$CLUSTER" = 1 ] || ls "$STARTED"/redis-7* >/dev/null 2>&1; then redis_cluster_status; fi
   return $rc
 }
 
@@ -284,7 +376,19 @@ status() {
 # brokers need no address of their own: clients find them through it.
 env_lines() {
   printf 'export SECKILL_DATABASE_URL=%q\n' "$SECKILL_DATABASE_URL"
-  printf 'export SECKILL_REDIS_URL=%q\n' "$SECKILL_REDIS_URL"
+  if [ "$CLUSTER" = 1 ]; then
+    # Every master is a seed; the client learns the replicas from them.
+    # One replica acknowledges each reservation before it is answered
+    # (docs/architecture.md §4.6).
+    printf 'export SECKILL_REDIS_URL=%q\n' "$REDIS_CLUSTER_URL"
+    printf 'export SECKILL_REDIS_WAIT_REPLICAS=1\n'
+  else
+    # A shell switched to the cluster by `env --cluster` comes back here.
+    local url=$SECKILL_REDIS_URL
+    case "$url" in *,*) url="redis://127.0.0.1:$REDIS_PORT/" ;; esac
+    printf 'export SECKILL_REDIS_URL=%q\n' "$url"
+    printf 'unset SECKILL_REDIS_WAIT_REPLICAS\n'
+  fi
   printf 'export SECKILL_NAMESRV_ADDR=%q\n' "$SECKILL_NAMESRV_ADDR"
 }
 

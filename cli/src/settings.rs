@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 /// The environment variables that override the file.
 pub const ENV_DATABASE_URL: &str = "SECKILL_DATABASE_URL";
 pub const ENV_REDIS_URL: &str = "SECKILL_REDIS_URL";
+/// `[redis] wait_replicas`: `stack.sh env --cluster` sets it to 1.
+pub const ENV_REDIS_WAIT_REPLICAS: &str = "SECKILL_REDIS_WAIT_REPLICAS";
 pub const ENV_NAMESRV_ADDR: &str = "SECKILL_NAMESRV_ADDR";
 pub const ENV_TOPIC_PREFIX: &str = "SECKILL_TOPIC_PREFIX";
 pub const ENV_CONFIG: &str = "SECKILL_CONFIG";
@@ -80,6 +82,11 @@ pub fn layer(flags: &ConfigFlags, env: &HashMap<String, String>, cwd: &Path) -> 
     }
     if let Some(v) = pick(&flags.redis_url, ENV_REDIS_URL) {
         cfg.redis_url = SecretString::from(v);
+    }
+    if let Some(v) = env.get(ENV_REDIS_WAIT_REPLICAS) {
+        cfg.redis.wait_replicas = v.trim().parse().with_context(|| {
+            format!("{ENV_REDIS_WAIT_REPLICAS}={v:?} is not a replica count (0, 1, ...)")
+        })?;
     }
     if let Some(v) = pick(&flags.namesrv_addr, ENV_NAMESRV_ADDR) {
         cfg.namesrv_addr = v;
@@ -190,6 +197,39 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(layer(&flags, &e, &dir).unwrap().topic_prefix, "FLAG_");
+    }
+
+    #[test]
+    fn a_cluster_url_and_its_replica_wait_come_from_the_environment() {
+        let dir = std::env::temp_dir().join(format!("seckill-cfg5-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = layer(
+            &ConfigFlags::default(),
+            &env(&[
+                (
+                    ENV_REDIS_URL,
+                    "redis://127.0.0.1:7001,redis://127.0.0.1:7002",
+                ),
+                (ENV_REDIS_WAIT_REPLICAS, "1"),
+            ]),
+            &dir,
+        )
+        .unwrap();
+        assert_eq!(cfg.redis.wait_replicas, 1);
+        assert_eq!(
+            cfg.redis_url_redacted(),
+            "redis://127.0.0.1:7001,redis://127.0.0.1:7002"
+        );
+        let bad = layer(
+            &ConfigFlags::default(),
+            &env(&[(ENV_REDIS_WAIT_REPLICAS, "one")]),
+            &dir,
+        )
+        .unwrap_err();
+        assert!(
+            format!("{bad:#}").contains(ENV_REDIS_WAIT_REPLICAS),
+            "{bad:#}"
+        );
     }
 
     #[test]

@@ -122,13 +122,31 @@ impl Default for AuthConfig {
 }
 
 /// What is expected of the Redis in use.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
     /// `health` warns when Redis keeps nothing across a restart
     /// (docs/architecture.md §4.5). Off by default: the loopback Redis of a
     /// development machine often runs without persistence on purpose.
     pub expect_persistence: bool,
+    /// Replicas that must hold a reservation before it is answered (Redis
+    /// `WAIT`, docs/architecture.md §4.6): with replicas, 1 keeps a
+    /// failover from losing an answered reservation. 0 (the default, for
+    /// one server without replicas) does not wait.
+    pub wait_replicas: u32,
+    /// How long a reservation waits for them; past it, it is answered
+    /// anyway and counted (a replica is down, so no failover is coming).
+    pub wait_timeout_ms: u64,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            expect_persistence: false,
+            wait_replicas: 0,
+            wait_timeout_ms: 100,
+        }
+    }
 }
 
 /// The daemon's backlog governor (docs/architecture.md §10): how often it samples
@@ -465,9 +483,19 @@ impl Config {
         redact_url(self.database_url.expose_secret())
     }
 
+    /// Every node's password hidden, for one URL or a cluster's list.
     pub fn redis_url_redacted(&self) -> String {
-        redact_url(self.redis_url.expose_secret())
+        redact_urls(self.redis_url.expose_secret())
     }
+}
+
+/// [`redact_url`] for each of a comma-separated list (a Redis Cluster's
+/// seed nodes, each with its own credentials).
+pub fn redact_urls(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| redact_url(url.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Replaces the password in `scheme://user:password@host/...` with `***`.

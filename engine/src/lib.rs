@@ -21,7 +21,7 @@
 //! | | `store/` | the PostgreSQL pool (migrations, schema guard), the Redis connection, the tokens and the operator audit log |
 //! | setup | `config.rs`, `runtime.rs` | layered configuration; the process's one runtime |
 //! | vocabulary | `domain/` | ids, statuses, message bodies, counters and the stats view, the clock |
-//! | | `decide/` | pure decisions: backlog, scale, alerts, admission, the send circuit, stalls, Redis state |
+//! | | `decide/` | pure decisions: backlog, scale, alerts, admission, the send circuit, stalls, Redis state, replica acknowledgements |
 //!
 //! # The face
 //!
@@ -82,6 +82,7 @@ pub use domain::status::{self, *};
 pub use decide::alerts::{self, Alert, AlertConfig, AlertInputs, AlertState, Ratio};
 pub use decide::backlog::{self, Drain, Level};
 pub use decide::redis_state::RedisState;
+pub use decide::replica_ack::AckState;
 pub use decide::scale::{self, Advice, ScaleInputs};
 
 // Adapters.
@@ -93,11 +94,11 @@ pub use mq::{
     TopicKind, TopicSpec, TopicType, UnknownCause, setup as setup_mq,
 };
 pub use reservation::{
-    MqStatus, ReleaseOutcome, Reservation, ReservationError, ReservationStore, ReserveOutcome,
-    ReserveRequest, SeedOutcome,
+    MqStatus, ReleaseOutcome, ReplicaWait, Reservation, ReservationError, ReservationStore,
+    ReserveOutcome, ReserveRequest, SeedOutcome,
 };
 pub use store::db::{self, DbError, MigrationRow, MigrationState};
-pub use store::redis::{self as redis_conn, RedisError};
+pub use store::redis::{self as redis_conn, RedisConn, RedisError};
 
 // Pipeline stages.
 pub use pipeline::consume::{self, OrderConsumer};

@@ -4,7 +4,7 @@
 //! in any order against the one real stack (`./scripts/stack.sh up`).
 
 use anyhow::Result;
-use redis::aio::ConnectionManager;
+use seckill_engine::RedisConn;
 use seckill_engine::{
     ActivityId, ClientRuntime, Config, MessageId, Names, OrderId, RequestId, ReservationId,
     ReserveRequest, RocketAdmin, SkuId, TicketId, TopicKind, UserId,
@@ -27,6 +27,12 @@ fn base_config() -> Config {
     if let Ok(v) = std::env::var("SECKILL_NAMESRV_ADDR") {
         cfg.namesrv_addr = v;
     }
+    if let Some(n) = std::env::var("SECKILL_REDIS_WAIT_REPLICAS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        cfg.redis.wait_replicas = n;
+    }
     cfg
 }
 
@@ -35,7 +41,7 @@ pub struct TestEnv {
     /// Points at this test's database, key prefix and topic prefix.
     pub cfg: Config,
     pub pool: PgPool,
-    pub redis: ConnectionManager,
+    pub redis: RedisConn,
     pub names: Names,
     pub rt: Arc<ClientRuntime>,
     pub admin: RocketAdmin,

@@ -1,8 +1,10 @@
 //! The cluster profile (`./scripts/stack.sh up --cluster`): two brokers,
 //! broker-a and broker-b, behind one NameServer, the seckill topics' queues
-//! on both. `scripts/test.sh` starts broker-b after the single-node tests and
-//! runs this suite (`--features cluster`); without two brokers every test
-//! here fails, naming the command that starts the second.
+//! on both, and a Redis Cluster of three masters with a replica each.
+//! `scripts/test.sh` starts them after the single-node tests, points the
+//! suite at them (`eval "$(./scripts/stack.sh env --cluster)"`) and runs it
+//! (`--features cluster`); without them every test here fails, naming the
+//! command that starts them.
 //!
 //! - a flash sale whose messages travel through both brokers sells its
 //!   stock exactly once and reconciles;
@@ -10,16 +12,20 @@
 //!   broker has its own queue 0, and the mirror keeps an offset per broker
 //!   (docs/architecture.md §9.1);
 //! - broker-b killed (kill -9, by the pid stack.sh recorded) in the middle
-//!   of a burst costs no order, once `stack.sh up --cluster` brings it back.
+//!   of a burst costs no order, once `stack.sh up --cluster` brings it back;
+//! - every Redis script stays in its activity's slot, and batches mixing
+//!   activities on three masters are split by slot;
+//! - a Redis master killed mid-sale fails over to its replica and costs no
+//!   reservation; a shard whose replica stops answering stops waiting for it.
 //!
 //! One test at a time (`--test-threads 1`): the kill would fail the others.
 
 use anyhow::{Result, ensure};
 use seckill_engine::{
-    ActivityId, ConsumerSpec, OrderConsumer, Producer, RequestId, RocketConsumer, RocketProducer,
-    SkuId, TopicKind, mirror_once, publish::to_outgoing, reconcile,
+    ActivityId, ConsumerSpec, OrderConsumer, Producer, ReleaseOutcome, RequestId, ReserveOutcome,
+    RocketConsumer, RocketProducer, SkuId, TopicKind, mirror_once, publish::to_outgoing, reconcile,
 };
-use seckill_tests::{Engine, Setup, TestEnv, eventually, order_create, run};
+use seckill_tests::{Engine, Setup, TestEnv, eventually, order_create, reserve_request, run};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -195,9 +201,9 @@ fn a_dead_message_in_each_brokers_dlq_is_mirrored_exactly_once() {
     });
 }
 
-/// The pid `stack.sh` recorded for broker-b: the only process this test may
-/// stop, and only by that pid.
-fn broker_b_pid() -> Result<i32> {
+/// The pid `stack.sh` recorded for `name` (`broker-b`, `redis-7001`): the
+/// only processes these tests may stop, and only by that pid.
+fn stack_pid(name: &str) -> Result<i32> {
     let cache = std::env::var("SECKILL_CACHE_DIR").map_or_else(
         |_| {
             std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
@@ -207,14 +213,22 @@ fn broker_b_pid() -> Result<i32> {
     );
     let state = std::env::var("SECKILL_STATE_DIR")
         .map_or_else(|_| cache.join("stack"), std::path::PathBuf::from);
-    let file = state.join("started/broker-b");
+    let file = state.join("started").join(name);
     let text = std::fs::read_to_string(&file).map_err(|e| {
         anyhow::anyhow!(
-            "{}: {e}; this test stops only a broker-b that `./scripts/stack.sh up --cluster` started",
+            "{}: {e}; these tests stop only a {name} that `./scripts/stack.sh up --cluster` started",
             file.display()
         )
     })?;
     Ok(text.trim().parse()?)
+}
+
+fn kill_9(pid: i32) -> Result<()> {
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()?;
+    ensure!(killed.success(), "kill -9 {pid}");
+    Ok(())
 }
 
 /// `./scripts/stack.sh up --cluster`: starts broker-b again (and checks
@@ -245,7 +259,7 @@ async fn stack_up_cluster() -> Result<()> {
 fn one_broker_killed_mid_burst_costs_no_order() {
     run(Setup::Full, |env| async move {
         two_brokers(&env).await?;
-        let pid = broker_b_pid()?;
+        let pid = stack_pid("broker-b")?;
         let (activity, sku, stock, buyers) = (ActivityId(43), SkuId(1), 300, 600);
         env.seed_activity(activity, sku, stock, 300_000).await?;
         let engine = Engine::start(&env, env.cfg.clone()).await?;
@@ -295,10 +309,7 @@ fn one_broker_killed_mid_burst_costs_no_order() {
         )
         .await?;
         // kill -9 of broker-b, by the pid stack.sh recorded.
-        let killed = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()?;
-        ensure!(killed.success(), "kill -9 {pid}");
+        kill_9(pid)?;
         let at_kill = accepted.load(std::sync::atomic::Ordering::Relaxed);
         burst.await?;
         let sold = accepted.load(std::sync::atomic::Ordering::Relaxed);
@@ -388,6 +399,403 @@ fn the_lag_is_split_by_broker_and_the_parts_add_up() {
         );
         release.send(true)?;
         consumer.shutdown().await;
+        Ok(())
+    });
+}
+
+/// A master of the Redis Cluster, as `CLUSTER NODES` shows it.
+#[derive(Debug)]
+struct Master {
+    id: String,
+    port: u16,
+    slots: Vec<(u16, u16)>,
+    /// The ports of its live replicas.
+    replicas: Vec<u16>,
+}
+
+impl Master {
+    fn owns(&self, slot: u16) -> bool {
+        self.slots
+            .iter()
+            .any(|(lo, hi)| (*lo..=*hi).contains(&slot))
+    }
+}
+
+/// The live masters of the cluster the test's Redis URL names.
+async fn redis_masters(env: &TestEnv) -> Result<Vec<Master>> {
+    let mut conn = env.redis.clone();
+    ensure!(
+        conn.is_cluster(),
+        "these tests need the Redis Cluster: eval \"$(./scripts/stack.sh env --cluster)\" after `./scripts/stack.sh up --cluster`"
+    );
+    let text: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut conn)
+        .await?;
+    let mut masters = Vec::new();
+    let mut replicas: Vec<(String, u16)> = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [id, addr, flags, master_id, ..] = fields[..] else {
+            continue;
+        };
+        let flags: Vec<&str> = flags.split(',').collect();
+        if flags.iter().any(|f| f.contains("fail")) {
+            continue;
+        }
+        let port = addr
+            .split('@')
+            .next()
+            .and_then(|a| a.rsplit_once(':'))
+            .map(|(_, p)| p.parse())
+            .transpose()?
+            .ok_or_else(|| anyhow::anyhow!("no port in {addr:?}"))?;
+        if flags.contains(&"slave") {
+            replicas.push((master_id.to_owned(), port));
+            continue;
+        }
+        let slots = fields[8..]
+            .iter()
+            .filter(|s| !s.starts_with('['))
+            .map(|s| -> Result<(u16, u16)> {
+                Ok(match s.split_once('-') {
+                    Some((lo, hi)) => (lo.parse()?, hi.parse()?),
+                    None => (s.parse()?, s.parse()?),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if flags.contains(&"master") && !slots.is_empty() {
+            masters.push(Master {
+                id: id.to_owned(),
+                port,
+                slots,
+                replicas: Vec::new(),
+            });
+        }
+    }
+    for m in &mut masters {
+        m.replicas = replicas
+            .iter()
+            .filter(|(of, _)| *of == m.id)
+            .map(|(_, p)| *p)
+            .collect();
+    }
+    Ok(masters)
+}
+
+async fn slot_of(env: &TestEnv, key: &str) -> Result<u16> {
+    Ok(redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(&mut env.redis.clone())
+        .await?)
+}
+
+/// One activity per master: their keys' hash tags land on each of them.
+async fn an_activity_per_master(env: &TestEnv, from: i64) -> Result<Vec<(ActivityId, u16)>> {
+    let masters = redis_masters(env).await?;
+    ensure!(masters.len() == 3, "3 masters expected: {masters:?}");
+    let store = env.store();
+    let mut picked: Vec<(ActivityId, u16)> = Vec::new();
+    for a in from..from + 500 {
+        let activity = ActivityId(a);
+        let slot = slot_of(env, &store.keys(activity).epoch()).await?;
+        let port = masters
+            .iter()
+            .find(|m| m.owns(slot))
+            .map(|m| m.port)
+            .ok_or_else(|| anyhow::anyhow!("no master owns slot {slot}: {masters:?}"))?;
+        if picked.iter().all(|(_, p)| *p != port) {
+            picked.push((activity, port));
+        }
+        if picked.len() == masters.len() {
+            return Ok(picked);
+        }
+    }
+    anyhow::bail!("500 activities did not cover the masters {masters:?}")
+}
+
+/// On Redis Cluster every script runs in the slot of its activity's hash
+/// tag, the keys it builds (claim_due's hashes, found through the pending
+/// set) included: Redis refuses a script that touches a key of another
+/// slot. A publisher batch mixing activities on three masters is marked
+/// sent in one call (a pipeline per slot), and the epochs of activities on
+/// three masters are read in one (docs/architecture.md §4.6).
+#[test]
+fn every_script_stays_in_its_activitys_slot_on_redis_cluster() {
+    run(Setup::Full, |env| async move {
+        let picked = an_activity_per_master(&env, 61).await?;
+        let store = env.store();
+        let sku = SkuId(1);
+        let now = chrono::Utc::now().timestamp_millis();
+        let mut sent = Vec::new();
+        let mut later = Vec::new();
+        for (activity, _) in &picked {
+            env.seed_activity(*activity, sku, 10, 300_000).await?;
+            for user in 1..=3 {
+                let req = reserve_request(*activity, sku, user, now, 300_000);
+                let ReserveOutcome::Reserved(r) = store.reserve(&req, now + 1_000).await? else {
+                    anyhow::bail!("user {user} of {activity} was not reserved");
+                };
+                if user < 3 {
+                    sent.push((r.activity_id, r.reservation_id, r.message_id));
+                } else {
+                    later.push(r);
+                }
+            }
+        }
+        let marked = store.mark_sent_many(&sent, "BROKER-1").await?;
+        ensure!(marked.iter().all(|m| *m), "{marked:?}");
+        let activities: Vec<ActivityId> = picked.iter().map(|(a, _)| *a).collect();
+        let epochs = store.epochs(&activities).await?;
+        ensure!(epochs.iter().all(Option::is_some), "{epochs:?}");
+        for r in later {
+            let a = r.activity_id;
+            // Due now: the scanner's claim reads the hash it builds a key for.
+            let claimed = store
+                .claim_due(a, now + 2_000, 10, "scanner-t", 30_000)
+                .await?;
+            ensure!(
+                claimed.len() == 1 && claimed[0].reservation_id == r.reservation_id,
+                "{a}: {claimed:?}"
+            );
+            ensure!(
+                store
+                    .reschedule(a, &r.reservation_id, &r.message_id, "scanner-t", now, "t")
+                    .await?,
+                "{a}: reschedule"
+            );
+            ensure!(
+                store
+                    .mark_send_failed(a, &r.reservation_id, &r.message_id, "t")
+                    .await?,
+                "{a}: mark_send_failed"
+            );
+            ensure!(
+                store.release(a, &r.reservation_id).await? == ReleaseOutcome::Released,
+                "{a}: release"
+            );
+            ensure!(store.stock(a, sku).await? == Some(8), "{a}: stock");
+            ensure!(store.live_reservations(a).await? == 2, "{a}: live");
+            ensure!(store.pending_count(a).await? == 0, "{a}: pending");
+        }
+        Ok(())
+    });
+}
+
+/// A Redis master killed (kill -9, by the pid stack.sh recorded) in the
+/// middle of a sale: its replica takes over within seconds, and no
+/// reservation is lost. Each one answered was acknowledged by the replica
+/// first (WAIT, docs/architecture.md §4.6); a buyer whose answer was lost
+/// asks again with the same request id and gets the same reservation back
+/// or a new one, never two. Afterwards `stack.sh up --cluster` brings the
+/// old master back as a replica.
+#[test]
+fn a_redis_master_failing_over_mid_sale_costs_no_reservation() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku, stock, buyers) = (ActivityId(45), SkuId(1), 300, 600);
+        let slot = slot_of(&env, &env.store().keys(activity).epoch()).await?;
+        let master = redis_masters(&env)
+            .await?
+            .into_iter()
+            .find(|m| m.owns(slot))
+            .ok_or_else(|| anyhow::anyhow!("no master owns slot {slot}"))?;
+        let pid = stack_pid(&format!("redis-{}", master.port))?;
+        env.seed_activity(activity, sku, stock, 300_000).await?;
+        let mut cfg = env.cfg.clone();
+        cfg.redis.wait_replicas = 1;
+        let engine = Engine::start(&env, cfg).await?;
+        let url = format!(
+            "http://{}/v1/activities/{}/skus/{}/reservations",
+            engine.addr, activity.0, sku.0
+        );
+        let accepted = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let retried = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let burst = {
+            let (http, url) = (engine.http.clone(), url.clone());
+            let (accepted, retried) = (accepted.clone(), retried.clone());
+            tokio::spawn(async move {
+                let next = Arc::new(std::sync::atomic::AtomicI64::new(1));
+                let mut workers = tokio::task::JoinSet::new();
+                for _ in 0..4 {
+                    let (http, url, next) = (http.clone(), url.clone(), next.clone());
+                    let (accepted, retried) = (accepted.clone(), retried.clone());
+                    workers.spawn(async move {
+                        loop {
+                            let user = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if user > buyers {
+                                return Ok::<(), anyhow::Error>(());
+                            }
+                            // A buyer asks until answered, with one request
+                            // id: a 5xx or a broken connection says nothing
+                            // of whether the reservation was made.
+                            let body = serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()});
+                            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                            loop {
+                                match http.post(&url).json(&body).send().await {
+                                    Ok(r) if r.status() == 202 => {
+                                        accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                        break;
+                                    }
+                                    Ok(r) if r.status().is_client_error() => break,
+                                    _ => {
+                                        retried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                        ensure!(
+                                            std::time::Instant::now() < deadline,
+                                            "user {user} got no answer in 60 s"
+                                        );
+                                        tokio::time::sleep(Duration::from_millis(100)).await;
+                                    }
+                                }
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    });
+                }
+                while let Some(done) = workers.join_next().await {
+                    done??;
+                }
+                Ok::<(), anyhow::Error>(())
+            })
+        };
+        eventually(
+            Duration::from_secs(30),
+            "a third of the stock reserved",
+            || async {
+                Ok(
+                    (accepted.load(std::sync::atomic::Ordering::Relaxed) >= stock / 3)
+                        .then_some(()),
+                )
+            },
+        )
+        .await?;
+        let t0 = std::time::Instant::now();
+        kill_9(pid)?;
+        let at_kill = accepted.load(std::sync::atomic::Ordering::Relaxed);
+        burst.await??;
+        let burst_done = t0.elapsed();
+        let sold = accepted.load(std::sync::atomic::Ordering::Relaxed);
+        ensure!(
+            at_kill < stock,
+            "the sale was over ({at_kill} accepted) before the kill"
+        );
+        ensure!(sold == stock, "{sold} accepted of {stock}");
+        let promoted = redis_masters(&env).await?;
+        ensure!(
+            promoted
+                .iter()
+                .any(|m| m.owns(slot) && m.port != master.port),
+            "slot {slot} is not served by a replica of {}: {promoted:?}",
+            master.port
+        );
+        eventually(
+            Duration::from_secs(120),
+            "an order per accepted reservation",
+            || async {
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+                    .fetch_one(&env.pool)
+                    .await?;
+                Ok((n == stock).then_some(()))
+            },
+        )
+        .await?;
+        let report = reconcile::run(&env.pool, &env.store(), activity).await?;
+        ensure!(report.passed(), "{report:#?}");
+        engine.stop().await?;
+        eprintln!(
+            "failover of redis {} mid-sale: {sold} sold, {} requests asked again; the sale ended {burst_done:?} after the kill, reconciled after {:?}",
+            master.port,
+            retried.load(std::sync::atomic::Ordering::Relaxed),
+            t0.elapsed()
+        );
+        // The old master comes back as its successor's replica.
+        stack_up_cluster().await
+    });
+}
+
+/// With its shard's replica stopped (SIGSTOP, by the pid stack.sh
+/// recorded, for well under the node timeout), a reservation waits its
+/// `wait_timeout_ms`, is answered anyway and counted; the next ones do not
+/// wait at all, so a dead replica does not stall the sale; once the replica
+/// answers again, a probe finds it and reservations wait again
+/// (docs/architecture.md §4.6).
+#[test]
+fn a_shard_short_of_its_replica_stops_waiting_and_counts_until_it_is_back() {
+    run(Setup::Full, |env| async move {
+        use seckill_engine::{AckState, ReplicaWait};
+        let (activity, sku) = (ActivityId(46), SkuId(1));
+        let slot = slot_of(&env, &env.store().keys(activity).epoch()).await?;
+        let master = redis_masters(&env)
+            .await?
+            .into_iter()
+            .find(|m| m.owns(slot))
+            .ok_or_else(|| anyhow::anyhow!("no master owns slot {slot}"))?;
+        let [replica] = master.replicas[..] else {
+            anyhow::bail!("one replica of {} expected: {master:?}", master.port);
+        };
+        let pid = stack_pid(&format!("redis-{replica}"))?.to_string();
+        env.seed_activity(activity, sku, 1_000, 300_000).await?;
+        let store = env.store().with_replica_wait(ReplicaWait {
+            replicas: 1,
+            timeout_ms: 100,
+        });
+        let now = chrono::Utc::now().timestamp_millis();
+        let reserve = |user: i64| {
+            let store = store.clone();
+            async move {
+                let req = reserve_request(activity, sku, user, now, 300_000);
+                match store.reserve(&req, now + 60_000).await? {
+                    ReserveOutcome::Reserved(_) => Ok(()),
+                    other => Err(anyhow::anyhow!("user {user}: {other:?}")),
+                }
+            }
+        };
+        reserve(1).await?;
+        ensure!(store.unreplicated() == 0 && store.replica_state(activity) == AckState::Healthy);
+
+        let stopped = std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()?;
+        ensure!(stopped.success(), "kill -STOP {pid}");
+        let short = async {
+            reserve(2).await?;
+            let after_short = store.replica_state(activity);
+            reserve(3).await?;
+            Ok::<_, anyhow::Error>(after_short)
+        }
+        .await;
+        let resumed = std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()?;
+        ensure!(resumed.success(), "kill -CONT {pid}");
+        let after_short = short?;
+        ensure!(
+            matches!(after_short, AckState::Degraded { .. }),
+            "after a short wait: {after_short:?}"
+        );
+        ensure!(
+            store.unreplicated() == 2,
+            "{} counted",
+            store.unreplicated()
+        );
+
+        // The replica is back: within a probe or two the shard is healthy,
+        // and the reservations made meanwhile are all there.
+        let mut user = 3;
+        eventually(Duration::from_secs(10), "the shard waits again", || {
+            user += 1;
+            let reserve = reserve(user);
+            async {
+                reserve.await?;
+                Ok((store.replica_state(activity) == AckState::Healthy).then_some(()))
+            }
+        })
+        .await?;
+        ensure!(
+            store.live_reservations(activity).await? == user as u64,
+            "{} live for {user} reserved",
+            store.live_reservations(activity).await?
+        );
         Ok(())
     });
 }

@@ -281,6 +281,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         stats: &state.stats_view(),
         publish_latency: &state.stats.send_latency,
         tick: state.governor.last().as_deref(),
+        redis_unreplicated: state.store.unreplicated(),
     });
     (
         [(

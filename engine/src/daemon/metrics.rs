@@ -21,6 +21,9 @@ pub struct MetricsInput<'a> {
     pub stats: &'a StatsView,
     pub publish_latency: &'a Latencies,
     pub tick: Option<&'a Tick>,
+    /// Reservations and releases answered before a Redis replica held
+    /// them (docs/architecture.md §4.6).
+    pub redis_unreplicated: u64,
 }
 
 /// Every docs/architecture.md §11.1 metric name, in its order.
@@ -299,6 +302,11 @@ fn engine<'m>(m: &'m MetricsInput) -> Vec<Family<'m>> {
             "Reservations refused while closed.",
         )
         .count(&[], g.admission_refused),
+        Family::counter(
+            "seckill_redis_unreplicated_writes_total",
+            "Reservations and releases answered before a Redis replica acknowledged them (§4.6): a failover now could lose them.",
+        )
+        .count(&[], m.redis_unreplicated),
         Family::gauge(
             "seckill_consumer_concurrency_limit",
             "Order transactions allowed at once (never above the budget).",
@@ -700,6 +708,7 @@ mod tests {
             lat.record(std::time::Duration::from_millis(ms));
         }
         render(&MetricsInput {
+            redis_unreplicated: 0,
             topic: "sk_ORDER_CREATE".into(),
             stats: &fixture_stats(),
             publish_latency: &lat,
@@ -904,6 +913,7 @@ seckill_alert_state{alert="order_tx_latency_seconds_p99"} 2
         };
         let lat = Latencies::new(4);
         let text = render(&MetricsInput {
+            redis_unreplicated: 0,
             topic: "T".into(),
             stats: &stats,
             publish_latency: &lat,

@@ -171,7 +171,12 @@ async fn start(
         cfg,
         rt,
         names: Names::new(cfg.topic_prefix.clone()),
-        store: ReservationStore::new(redis, cfg.redis_prefix.clone()),
+        store: ReservationStore::new(redis, cfg.redis_prefix.clone()).with_replica_wait(
+            crate::reservation::ReplicaWait {
+                replicas: cfg.redis.wait_replicas,
+                timeout_ms: cfg.redis.wait_timeout_ms,
+            },
+        ),
         pool,
         tracker: TaskTracker::new(),
         cancel: CancellationToken::new(),

@@ -1,6 +1,6 @@
 //! Pure decisions over numbers the observers measured: backlog verdicts,
-//! scale advice, alert rules, admission, the send circuit and the stalled
-//! consumer watch. No I/O, unit-tested on the
+//! scale advice, alert rules, admission, the send circuit, the stalled
+//! consumer watch and whether a Redis write waits for its replicas. No I/O, unit-tested on the
 //! worked examples of docs/architecture.md §10, §11.
 
 pub mod admission;
@@ -8,5 +8,6 @@ pub mod alerts;
 pub mod backlog;
 pub mod circuit;
 pub mod redis_state;
+pub mod replica_ack;
 pub mod scale;
 pub mod stall;

@@ -58,11 +58,11 @@ impl ReservationStore {
         if activities.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for a in activities {
-            pipe.get(self.keys(*a).epoch());
-        }
-        Ok(read_twice!(self, c => pipe.query_async(&mut c).await)?)
+        // One MGET: the epochs live in as many slots as there are
+        // activities, and the cluster client splits an MGET by slot and
+        // puts the answers back in order, where a pipeline must stay in one.
+        let keys: Vec<String> = activities.iter().map(|a| self.keys(*a).epoch()).collect();
+        Ok(read_twice!(self, c => redis::cmd("MGET").arg(&keys).query_async(&mut c).await)?)
     }
 
     /// Writes `state` back. The reservation hashes and request keys first

@@ -26,7 +26,7 @@ mod epoch;
 mod store;
 
 pub use epoch::{LiveOrder, RestoredState};
-pub use store::ReservationStore;
+pub use store::{ReplicaWait, ReservationStore};
 
 use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::status::UnknownVariant;

@@ -4,12 +4,15 @@ use super::{
     Keys, MqStatus, OrderView, PendingEntry, ReleaseOutcome, Reservation, ReservationError,
     ReserveOutcome, ReserveRequest, SeedOutcome, activities_key, corrupt, physical_ttl_ms,
 };
+use crate::decide::replica_ack::{AckState, Outcome, Plan};
+use crate::domain::clock::now_ms;
 use crate::domain::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId};
 use crate::domain::status::OrderStatus;
-use redis::aio::ConnectionManager;
+use crate::store::redis::RedisConn;
 use redis::{AsyncCommands, Script};
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 
 type Result<T, E = ReservationError> = std::result::Result<T, E>;
 
@@ -49,6 +52,21 @@ pub(super) fn connection_broke(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() || e.is_io_error()
 }
 
+/// The positions of each activity in `activities`, activities in the
+/// order they first appear (pure): the slot groups of a pipeline.
+pub(super) fn by_activity(
+    activities: impl IntoIterator<Item = ActivityId>,
+) -> Vec<(ActivityId, Vec<usize>)> {
+    let mut groups: Vec<(ActivityId, Vec<usize>)> = Vec::new();
+    for (i, a) in activities.into_iter().enumerate() {
+        match groups.iter_mut().find(|(g, _)| *g == a) {
+            Some((_, idx)) => idx.push(i),
+            None => groups.push((a, vec![i])),
+        }
+    }
+    groups
+}
+
 /// How long a projected order view lives: long past any pay window; it
 /// only bounds memory.
 const VIEW_TTL_MS: i64 = 7 * 24 * 60 * 60 * 1000;
@@ -57,8 +75,20 @@ const VIEW_TTL_MS: i64 = 7 * 24 * 60 * 60 * 1000;
 /// multiplexed connection and a shared prefix.
 #[derive(Clone)]
 pub struct ReservationStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: Arc<str>,
+    wait: Option<ReplicaWait>,
+    /// Per activity (one slot, so one shard): whether its writes wait.
+    acks: Arc<Mutex<HashMap<ActivityId, AckState>>>,
+    unreplicated: Arc<AtomicU64>,
+}
+
+/// How many replicas must hold a reservation before it is answered, and
+/// how long to wait for them (`[redis] wait_replicas`, docs/architecture.md §4.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWait {
+    pub replicas: u32,
+    pub timeout_ms: u64,
 }
 
 impl std::fmt::Debug for ReservationStore {
@@ -70,18 +100,27 @@ impl std::fmt::Debug for ReservationStore {
 }
 
 impl ReservationStore {
-    pub fn new(conn: ConnectionManager, prefix: impl Into<String>) -> Self {
+    pub fn new(conn: RedisConn, prefix: impl Into<String>) -> Self {
         Self {
             conn,
             prefix: prefix.into().into(),
+            wait: None,
+            acks: Arc::default(),
+            unreplicated: Arc::default(),
         }
+    }
+
+    /// Reservations wait for `wait.replicas` replicas (none when 0).
+    pub fn with_replica_wait(mut self, wait: ReplicaWait) -> Self {
+        self.wait = (wait.replicas > 0).then_some(wait);
+        self
     }
 
     pub fn keys(&self, activity: ActivityId) -> Keys {
         Keys::new(&self.prefix, activity)
     }
 
-    pub(super) fn conn(&self) -> ConnectionManager {
+    pub(super) fn conn(&self) -> RedisConn {
         self.conn.clone()
     }
 
@@ -141,24 +180,34 @@ impl ReservationStore {
         first_retry_at_ms: i64,
     ) -> Result<ReserveOutcome> {
         let keys = self.keys(req.activity_id);
-        let reply: Vec<String> = RESERVE
-            .key(keys.req(&req.request_id))
-            .key(keys.stock(req.sku_id))
-            .key(keys.buyers())
-            .key(keys.rsv(&req.reservation_id))
-            .key(keys.pending())
-            .key(keys.epoch())
-            .arg(req.reservation_id.as_str())
-            .arg(req.message_id.as_str())
-            .arg(req.request_id.as_str())
-            .arg(req.order_id.as_str())
-            .arg(req.sku_id.0)
-            .arg(req.user_id.0)
-            .arg(req.now_ms)
-            .arg(req.valid_until_ms)
-            .arg(first_retry_at_ms)
-            .arg(physical_ttl_ms(req.now_ms, req.valid_until_ms))
-            .invoke_async(&mut self.conn())
+        let key_list = [
+            keys.req(&req.request_id),
+            keys.stock(req.sku_id),
+            keys.buyers(),
+            keys.rsv(&req.reservation_id),
+            keys.pending(),
+            keys.epoch(),
+        ];
+        let args = [
+            req.reservation_id.to_string(),
+            req.message_id.to_string(),
+            req.request_id.to_string(),
+            req.order_id.to_string(),
+            req.sku_id.0.to_string(),
+            req.user_id.0.to_string(),
+            req.now_ms.to_string(),
+            req.valid_until_ms.to_string(),
+            first_retry_at_ms.to_string(),
+            physical_ttl_ms(req.now_ms, req.valid_until_ms).to_string(),
+        ];
+        let reply: Vec<String> = self
+            .eval_acknowledged(
+                &RESERVE,
+                req.activity_id,
+                &key_list,
+                &args,
+                |r: &Vec<String>| r.first().is_some_and(|r| r == "RESERVED"),
+            )
             .await?;
         let req_key = || keys.req(&req.request_id);
         match reply.iter().map(String::as_str).collect::<Vec<_>>()[..] {
@@ -200,6 +249,120 @@ impl ReservationStore {
         }
     }
 
+    /// Runs `script` and, with `[redis] wait_replicas`, `WAIT` after it in
+    /// one pipeline, so both run on the master that owns the activity's
+    /// slot, over one connection: a write that `wrote` says changed
+    /// something is answered only once the replicas hold it, or the wait
+    /// timed out (docs/architecture.md §4.6). A failover then promotes a
+    /// replica that has every write already answered. An error (the master
+    /// died before replying) leaves the write unknown to the caller, who
+    /// asks again: every script here is idempotent. While the shard is short
+    /// of replicas, writes go on unwaited ([`AckState`]).
+    async fn eval_acknowledged<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        activity: ActivityId,
+        keys: &[String],
+        args: &[String],
+        wrote: impl Fn(&T) -> bool,
+    ) -> Result<T> {
+        let mut conn = self.conn();
+        let (wait, plan) = match self.wait.map(|wait| (wait, self.ack_plan(activity))) {
+            Some((wait, plan @ (Plan::Wait | Plan::Probe))) => (wait, plan),
+            unwaited => {
+                let mut call = script.prepare_invoke();
+                for k in keys {
+                    call.key(k);
+                }
+                for a in args {
+                    call.arg(a);
+                }
+                let reply: T = call.invoke_async(&mut conn).await?;
+                if let Some((wait, _)) = unwaited
+                    && wrote(&reply)
+                {
+                    self.count_unreplicated(0, wait);
+                }
+                return Ok(reply);
+            }
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args)
+            .cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(wait.timeout_ms);
+        let replied: redis::RedisResult<(T, u32)> = match pipe.query_async(&mut conn).await {
+            // Nothing ran: the script is not loaded on this master yet (it
+            // restarted, or took over). Load it everywhere and go again.
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                match script.prepare_invoke().load_async(&mut conn).await {
+                    Ok(_) => pipe.query_async(&mut conn).await,
+                    Err(e) => Err(e),
+                }
+            }
+            r => r,
+        };
+        let outcome = match &replied {
+            Ok((_, acked)) => Outcome::Acked(*acked),
+            Err(_) => Outcome::Failed,
+        };
+        self.ack_settle(activity, plan, outcome, wait.replicas);
+        let (reply, acked) = replied?;
+        if wrote(&reply) {
+            self.count_unreplicated(acked, wait);
+        }
+        Ok(reply)
+    }
+
+    fn ack_plan(&self, activity: ActivityId) -> Plan {
+        let mut acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
+        let state = acks.entry(activity).or_default();
+        let (plan, next) = state.plan(now_ms());
+        *state = next;
+        plan
+    }
+
+    fn ack_settle(&self, activity: ActivityId, plan: Plan, outcome: Outcome, wanted: u32) {
+        let mut acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
+        let state = acks.entry(activity).or_default();
+        let before = *state;
+        *state = state.settle(plan, outcome, wanted, now_ms());
+        if before != *state {
+            tracing::warn!(%activity, from = ?before, to = ?*state, "the activity's Redis shard changed replica state (docs/architecture.md §4.6)");
+        }
+    }
+
+    fn count_unreplicated(&self, acked: u32, wait: ReplicaWait) {
+        if acked >= wait.replicas {
+            return;
+        }
+        let n = self.unreplicated.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                acked,
+                wanted = wait.replicas,
+                total = n,
+                "a write was answered before a replica acknowledged it (is a replica down?); a failover now could lose it"
+            );
+        }
+    }
+
+    /// Whether writes to `activity`'s shard wait for its replicas now.
+    pub fn replica_state(&self, activity: ActivityId) -> AckState {
+        let acks = self.acks.lock().unwrap_or_else(|e| e.into_inner());
+        acks.get(&activity).copied().unwrap_or_default()
+    }
+
+    /// Reservations and releases that went on with fewer replica
+    /// acknowledgements than [`ReplicaWait::replicas`] since this store was made.
+    pub fn unreplicated(&self) -> u64 {
+        self.unreplicated.load(Ordering::Relaxed)
+    }
+
     pub async fn get(
         &self,
         activity: ActivityId,
@@ -235,33 +398,41 @@ impl ReservationStore {
     }
 
     /// [`Self::mark_sent`] for a whole confirmed batch (docs/architecture.md §6), in one
-    /// round trip; the batch may mix activities. One result per item, in order.
+    /// round trip per activity; the batch may mix activities. One result per item, in order.
     pub async fn mark_sent_many(
         &self,
         batch: &[(ActivityId, ReservationId, MessageId)],
         broker_message_id: &str,
     ) -> Result<Vec<bool>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
+        let mut applied = vec![false; batch.len()];
+        // A pipeline must stay in one slot on Redis Cluster (the client
+        // refuses a cross-slot one), and an activity's keys share its hash
+        // tag: one pipeline per activity (docs/architecture.md §4.6).
+        for (activity, items) in by_activity(batch.iter().map(|(a, _, _)| *a)) {
+            let keys = self.keys(activity);
+            let mut pipe = redis::pipe();
+            // A pipeline does not reload on NOSCRIPT (Redis restarted, failed
+            // over or flushed its scripts), and retrying half a batch would
+            // report the applied half as refused. Loading first is cheap,
+            // keeps one round trip, and on a cluster reaches the slot's master.
+            pipe.cmd("SCRIPT").arg("LOAD").arg(MARK_SENT_LUA).ignore();
+            for &i in &items {
+                let (_, reservation_id, message_id) = &batch[i];
+                pipe.cmd("EVALSHA")
+                    .arg(MARK_SENT.get_hash())
+                    .arg(2)
+                    .arg(keys.rsv(reservation_id))
+                    .arg(keys.pending())
+                    .arg(reservation_id.as_str())
+                    .arg(message_id.as_str())
+                    .arg(broker_message_id);
+            }
+            let replies: Vec<i64> = pipe.query_async(&mut self.conn()).await?;
+            for (i, n) in items.into_iter().zip(replies) {
+                applied[i] = n == 1;
+            }
         }
-        let mut pipe = redis::pipe();
-        // A pipeline does not reload on NOSCRIPT (Redis restarted or flushed
-        // its scripts), and retrying half a batch would report the applied
-        // half as refused. Loading first is cheap and keeps one round trip.
-        pipe.cmd("SCRIPT").arg("LOAD").arg(MARK_SENT_LUA).ignore();
-        for (activity, reservation_id, message_id) in batch {
-            let keys = self.keys(*activity);
-            pipe.cmd("EVALSHA")
-                .arg(MARK_SENT.get_hash())
-                .arg(2)
-                .arg(keys.rsv(reservation_id))
-                .arg(keys.pending())
-                .arg(reservation_id.as_str())
-                .arg(message_id.as_str())
-                .arg(broker_message_id);
-        }
-        let applied: Vec<i64> = pipe.query_async(&mut self.conn()).await?;
-        Ok(applied.into_iter().map(|n| n == 1).collect())
+        Ok(applied)
     }
 
     /// Leases up to `limit` due reservations to `owner` until `now_ms + lease_ms`
@@ -375,14 +546,23 @@ impl ReservationStore {
         let sku: SkuId = sku
             .parse()
             .map_err(|e| corrupt(&rsv_key, format!("field sku_id: {e}")))?;
-        let reply: String = RELEASE
-            .key(&rsv_key)
-            .key(keys.stock(sku))
-            .key(keys.buyers())
-            .key(keys.pending())
-            .arg(reservation_id.as_str())
-            .arg(sku.0)
-            .invoke_async(&mut conn)
+        // A release lost in a failover would hold its unit for good: the
+        // compensation that called it is acknowledged after it. So it waits
+        // for the replicas as a reservation does; a second release is
+        // ALREADY_RELEASED (docs/architecture.md §4.6).
+        let reply: String = self
+            .eval_acknowledged(
+                &RELEASE,
+                activity,
+                &[
+                    rsv_key.clone(),
+                    keys.stock(sku),
+                    keys.buyers(),
+                    keys.pending(),
+                ],
+                &[reservation_id.to_string(), sku.0.to_string()],
+                |r: &String| r == "RELEASED",
+            )
             .await?;
         match reply.as_str() {
             "RELEASED" => Ok(ReleaseOutcome::Released),
@@ -528,5 +708,24 @@ impl ReservationStore {
     pub async fn live_reservations(&self, activity: ActivityId) -> Result<u64> {
         let key = self.keys(activity).buyers();
         Ok(read_twice!(self, c => c.scard(&key).await)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pipeline_per_activity_keeps_every_position() {
+        let groups = by_activity([ActivityId(2), ActivityId(1), ActivityId(2), ActivityId(3)]);
+        assert_eq!(
+            groups,
+            vec![
+                (ActivityId(2), vec![0, 2]),
+                (ActivityId(1), vec![1]),
+                (ActivityId(3), vec![3]),
+            ]
+        );
+        assert!(by_activity([]).is_empty());
     }
 }

@@ -1,8 +1,24 @@
-//! Redis connection with bounded connect and response timeouts, so a dead
-//! Redis is reported instead of waited on.
+//! The Redis connection: one server or a Redis Cluster, chosen by the URL
+//! (docs/scaling.md §3), with bounded connect and response timeouts, so a
+//! dead Redis is reported instead of waited on.
+//!
+//! Input: `redis_url`, either one `redis://` URL (one server, through a
+//! reconnecting [`ConnectionManager`]) or a comma-separated list of cluster
+//! nodes (the `cluster-async` client, which follows MOVED and ASK and
+//! re-reads the slot map after a failover). Output: a [`RedisConn`] that
+//! every caller uses the same way, since both sides are a
+//! [`ConnectionLike`].
+//!
+//! On a cluster every key of one activity carries the activity's hash tag
+//! (`{prefix:activity}`, reservation/mod.rs `Keys`), so its scripts and
+//! pipelines stay in one slot (docs/architecture.md §4.6).
 
 use crate::config::Config;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 use secrecy::ExposeSecret;
 use std::time::Duration;
 
@@ -13,7 +29,9 @@ pub enum RedisError {
         url: String,
         source: redis::RedisError,
     },
-    #[error("cannot reach Redis at {url}: {source}; is the stack up? (`./scripts/stack.sh up`)")]
+    #[error(
+        "cannot reach Redis at {url}: {source}; is the stack up? (`./scripts/stack.sh up`, or `up --cluster` for a cluster)"
+    )]
     Unreachable {
         url: String,
         source: redis::RedisError,
@@ -22,28 +40,171 @@ pub enum RedisError {
     Command(#[from] redis::RedisError),
 }
 
-pub async fn connect(cfg: &Config) -> Result<ConnectionManager, RedisError> {
-    let url = cfg.redis_url_redacted();
-    let client = redis::Client::open(cfg.redis_url.expose_secret()).map_err(|source| {
-        RedisError::BadUrl {
-            url: url.clone(),
-            source,
+/// What `redis_url` names (pure): one server, or the seed nodes of a Redis
+/// Cluster. A comma makes it a cluster, so a one-node seed list is written
+/// with a trailing comma.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    pub fn parse(url: &str) -> Target {
+        if !url.contains(',') {
+            return Target::Single(url.trim().to_owned());
         }
-    })?;
+        Target::Cluster(
+            url.split(',')
+                .map(str::trim)
+                .filter(|node| !node.is_empty())
+                .map(|node| {
+                    if node.contains("://") {
+                        node.to_owned()
+                    } else {
+                        format!("redis://{node}")
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+/// One server or a cluster, used alike. Cheap to clone: both sides are
+/// multiplexed handles.
+#[derive(Clone)]
+pub enum RedisConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for RedisConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RedisConn::Single(_) => "RedisConn::Single",
+            RedisConn::Cluster(_) => "RedisConn::Cluster",
+        })
+    }
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl RedisConn {
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisConn::Cluster(_))
+    }
+
+    /// Runs a keyless command (`WAIT`) on the master that owns `key`'s slot:
+    /// on a cluster the client would otherwise send it to every master.
+    pub async fn on_master_of(&mut self, key: &str, cmd: &Cmd) -> redis::RedisResult<Value> {
+        match self {
+            RedisConn::Single(c) => cmd.query_async(c).await,
+            RedisConn::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                c.route_command(
+                    cmd.clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )
+                .await
+            }
+        }
+    }
+
+    /// Runs a server-wide read (`INFO`, `CONFIG GET`) on one master: the
+    /// cluster's nodes are set up alike (scripts/stack.sh), and one answer
+    /// is what the callers show.
+    async fn on_one_master<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+    ) -> redis::RedisResult<T> {
+        match self {
+            RedisConn::Single(c) => cmd.query_async(c).await,
+            RedisConn::Cluster(c) => {
+                let v = c
+                    .route_command(
+                        cmd.clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+                    )
+                    .await?;
+                Ok(redis::from_redis_value(v)?)
+            }
+        }
+    }
+}
+
+pub async fn connect(cfg: &Config) -> Result<RedisConn, RedisError> {
+    let url = cfg.redis_url_redacted();
     let timeout = cfg.admin_timeout();
-    let mgr_cfg = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(500));
-    ConnectionManager::new_with_config(client, mgr_cfg)
-        .await
-        .map_err(|source| RedisError::Unreachable { url, source })
+    match Target::parse(cfg.redis_url.expose_secret()) {
+        Target::Single(one) => {
+            let client = redis::Client::open(one).map_err(|source| RedisError::BadUrl {
+                url: url.clone(),
+                source,
+            })?;
+            let mgr_cfg = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(500));
+            ConnectionManager::new_with_config(client, mgr_cfg)
+                .await
+                .map(RedisConn::Single)
+                .map_err(|source| RedisError::Unreachable { url, source })
+        }
+        Target::Cluster(nodes) => {
+            // The client retries a command through MOVED, ASK, TRYAGAIN and
+            // a master's failover (re-reading the slot map), with backoff up
+            // to about the time a replica needs to take over
+            // (cluster-node-timeout plus the election; docs/scaling.md §3).
+            let client = ClusterClient::builder(nodes)
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(8)
+                .min_retry_wait(50)
+                .max_retry_wait(1_000)
+                .build()
+                .map_err(|source| RedisError::BadUrl {
+                    url: url.clone(),
+                    source,
+                })?;
+            client
+                .get_async_connection()
+                .await
+                .map(RedisConn::Cluster)
+                .map_err(|source| RedisError::Unreachable { url, source })
+        }
+    }
 }
 
 /// `redis_version` from `INFO server`.
-pub async fn server_version(conn: &mut ConnectionManager) -> Result<String, RedisError> {
-    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+pub async fn server_version(conn: &mut RedisConn) -> Result<String, RedisError> {
+    let info: String = conn.on_one_master(redis::cmd("INFO").arg("server")).await?;
     Ok(info
         .lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
@@ -98,12 +259,10 @@ pub fn persistence_mode(
 }
 
 /// Reads [`Persistence`]; a refused `CONFIG GET` is `Unknown`, not an error.
-pub async fn persistence(conn: &mut ConnectionManager) -> Persistence {
-    async fn get(conn: &mut ConnectionManager, key: &str) -> Option<String> {
-        let kv: Vec<String> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(key)
-            .query_async(conn)
+pub async fn persistence(conn: &mut RedisConn) -> Persistence {
+    async fn get(conn: &mut RedisConn, key: &str) -> Option<String> {
+        let kv: Vec<String> = conn
+            .on_one_master(redis::cmd("CONFIG").arg("GET").arg(key))
             .await
             .ok()?;
         kv.into_iter().nth(1)
@@ -121,6 +280,29 @@ pub async fn persistence(conn: &mut ConnectionManager) -> Persistence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_comma_makes_a_cluster() {
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:6379/"),
+            Target::Single("redis://127.0.0.1:6379/".into())
+        );
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:7000, 127.0.0.1:7001,"),
+            Target::Cluster(vec![
+                "redis://127.0.0.1:7000".into(),
+                "redis://127.0.0.1:7001".into()
+            ])
+        );
+        assert_eq!(
+            Target::parse("127.0.0.1:7000,"),
+            Target::Cluster(vec!["redis://127.0.0.1:7000".into()])
+        );
+        assert_eq!(
+            crate::config::redact_urls("redis://:pw@a:7000,redis://:pw@b:7001"),
+            "redis://:***@a:7000,redis://:***@b:7001"
+        );
+    }
 
     #[test]
     fn persistence_reads_aof_first_then_snapshots() {
