@@ -21,6 +21,7 @@
 //! One test at a time (`--test-threads 1`): the kill would fail the others.
 
 use anyhow::{Result, ensure};
+use seckill_engine::redis_conn::{ClusterNode, NodeRole};
 use seckill_engine::{
     ActivityId, ConsumerSpec, OrderConsumer, Producer, ReleaseOutcome, RequestId, ReserveOutcome,
     RocketConsumer, RocketProducer, SkuId, TopicKind, mirror_once, publish::to_outgoing, reconcile,
@@ -403,84 +404,38 @@ fn the_lag_is_split_by_broker_and_the_parts_add_up() {
     });
 }
 
-/// A master of the Redis Cluster, as `CLUSTER NODES` shows it.
-#[derive(Debug)]
-struct Master {
-    id: String,
-    port: u16,
-    slots: Vec<(u16, u16)>,
-    /// The ports of its live replicas.
-    replicas: Vec<u16>,
+/// The live masters of the cluster the test's Redis URL names, as the
+/// engine reads them (`CLUSTER NODES`), each with its live replicas' ports.
+async fn redis_masters(env: &TestEnv) -> Result<Vec<(ClusterNode, Vec<u16>)>> {
+    let nodes = env.redis.clone().cluster_nodes().await?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "these tests need the Redis Cluster: eval \"$(./scripts/stack.sh env --cluster)\" after `./scripts/stack.sh up --cluster`"
+        )
+    })?;
+    let live = |n: &&ClusterNode| !n.failed;
+    Ok(nodes
+        .iter()
+        .filter(live)
+        .filter(|n| n.role == NodeRole::Master && !n.slots.is_empty())
+        .map(|m| {
+            let replicas = nodes
+                .iter()
+                .filter(live)
+                .filter(|r| r.master_id.as_deref() == Some(m.id.as_str()))
+                .filter_map(ClusterNode::port)
+                .collect();
+            (m.clone(), replicas)
+        })
+        .collect())
 }
 
-impl Master {
-    fn owns(&self, slot: u16) -> bool {
-        self.slots
-            .iter()
-            .any(|(lo, hi)| (*lo..=*hi).contains(&slot))
-    }
-}
-
-/// The live masters of the cluster the test's Redis URL names.
-async fn redis_masters(env: &TestEnv) -> Result<Vec<Master>> {
-    let mut conn = env.redis.clone();
-    ensure!(
-        conn.is_cluster(),
-        "these tests need the Redis Cluster: eval \"$(./scripts/stack.sh env --cluster)\" after `./scripts/stack.sh up --cluster`"
-    );
-    let text: String = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query_async(&mut conn)
-        .await?;
-    let mut masters = Vec::new();
-    let mut replicas: Vec<(String, u16)> = Vec::new();
-    for line in text.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [id, addr, flags, master_id, ..] = fields[..] else {
-            continue;
-        };
-        let flags: Vec<&str> = flags.split(',').collect();
-        if flags.iter().any(|f| f.contains("fail")) {
-            continue;
-        }
-        let port = addr
-            .split('@')
-            .next()
-            .and_then(|a| a.rsplit_once(':'))
-            .map(|(_, p)| p.parse())
-            .transpose()?
-            .ok_or_else(|| anyhow::anyhow!("no port in {addr:?}"))?;
-        if flags.contains(&"slave") {
-            replicas.push((master_id.to_owned(), port));
-            continue;
-        }
-        let slots = fields[8..]
-            .iter()
-            .filter(|s| !s.starts_with('['))
-            .map(|s| -> Result<(u16, u16)> {
-                Ok(match s.split_once('-') {
-                    Some((lo, hi)) => (lo.parse()?, hi.parse()?),
-                    None => (s.parse()?, s.parse()?),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        if flags.contains(&"master") && !slots.is_empty() {
-            masters.push(Master {
-                id: id.to_owned(),
-                port,
-                slots,
-                replicas: Vec::new(),
-            });
-        }
-    }
-    for m in &mut masters {
-        m.replicas = replicas
-            .iter()
-            .filter(|(of, _)| *of == m.id)
-            .map(|(_, p)| *p)
-            .collect();
-    }
-    Ok(masters)
+/// The live master serving `slot`, with its replicas.
+async fn master_of(env: &TestEnv, slot: u16) -> Result<(ClusterNode, Vec<u16>)> {
+    let masters = redis_masters(env).await?;
+    let found = masters.iter().position(|(m, _)| m.owns(slot));
+    found
+        .map(|i| masters.into_iter().nth(i).expect("found"))
+        .ok_or_else(|| anyhow::anyhow!("no live master serves slot {slot}"))
 }
 
 async fn slot_of(env: &TestEnv, key: &str) -> Result<u16> {
@@ -502,8 +457,8 @@ async fn an_activity_per_master(env: &TestEnv, from: i64) -> Result<Vec<(Activit
         let slot = slot_of(env, &store.keys(activity).epoch()).await?;
         let port = masters
             .iter()
-            .find(|m| m.owns(slot))
-            .map(|m| m.port)
+            .find(|(m, _)| m.owns(slot))
+            .and_then(|(m, _)| m.port())
             .ok_or_else(|| anyhow::anyhow!("no master owns slot {slot}: {masters:?}"))?;
         if picked.iter().all(|(_, p)| *p != port) {
             picked.push((activity, port));
@@ -595,12 +550,9 @@ fn a_redis_master_failing_over_mid_sale_costs_no_reservation() {
     run(Setup::Full, |env| async move {
         let (activity, sku, stock, buyers) = (ActivityId(45), SkuId(1), 300, 600);
         let slot = slot_of(&env, &env.store().keys(activity).epoch()).await?;
-        let master = redis_masters(&env)
-            .await?
-            .into_iter()
-            .find(|m| m.owns(slot))
-            .ok_or_else(|| anyhow::anyhow!("no master owns slot {slot}"))?;
-        let pid = stack_pid(&format!("redis-{}", master.port))?;
+        let (master, _) = master_of(&env, slot).await?;
+        let port = master.port().ok_or_else(|| anyhow::anyhow!("{master:?}"))?;
+        let pid = stack_pid(&format!("redis-{port}"))?;
         env.seed_activity(activity, sku, stock, 300_000).await?;
         let mut cfg = env.cfg.clone();
         cfg.redis.wait_replicas = 1;
@@ -680,13 +632,10 @@ fn a_redis_master_failing_over_mid_sale_costs_no_reservation() {
             "the sale was over ({at_kill} accepted) before the kill"
         );
         ensure!(sold == stock, "{sold} accepted of {stock}");
-        let promoted = redis_masters(&env).await?;
+        let (promoted, _) = master_of(&env, slot).await?;
         ensure!(
-            promoted
-                .iter()
-                .any(|m| m.owns(slot) && m.port != master.port),
-            "slot {slot} is not served by a replica of {}: {promoted:?}",
-            master.port
+            promoted.port() != Some(port),
+            "slot {slot} is still served by {port}: {promoted:?}"
         );
         eventually(
             Duration::from_secs(120),
@@ -703,8 +652,7 @@ fn a_redis_master_failing_over_mid_sale_costs_no_reservation() {
         ensure!(report.passed(), "{report:#?}");
         engine.stop().await?;
         eprintln!(
-            "failover of redis {} mid-sale: {sold} sold, {} requests asked again; the sale ended {burst_done:?} after the kill, reconciled after {:?}",
-            master.port,
+            "failover of redis {port} mid-sale: {sold} sold, {} requests asked again; the sale ended {burst_done:?} after the kill, reconciled after {:?}",
             retried.load(std::sync::atomic::Ordering::Relaxed),
             t0.elapsed()
         );
@@ -725,13 +673,9 @@ fn a_shard_short_of_its_replica_stops_waiting_and_counts_until_it_is_back() {
         use seckill_engine::{AckState, ReplicaWait};
         let (activity, sku) = (ActivityId(46), SkuId(1));
         let slot = slot_of(&env, &env.store().keys(activity).epoch()).await?;
-        let master = redis_masters(&env)
-            .await?
-            .into_iter()
-            .find(|m| m.owns(slot))
-            .ok_or_else(|| anyhow::anyhow!("no master owns slot {slot}"))?;
-        let [replica] = master.replicas[..] else {
-            anyhow::bail!("one replica of {} expected: {master:?}", master.port);
+        let (master, replicas) = master_of(&env, slot).await?;
+        let [replica] = replicas[..] else {
+            anyhow::bail!("one replica of {} expected: {replicas:?}", master.addr);
         };
         let pid = stack_pid(&format!("redis-{replica}"))?.to_string();
         env.seed_activity(activity, sku, 1_000, 300_000).await?;

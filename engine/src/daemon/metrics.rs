@@ -708,7 +708,7 @@ mod tests {
             lat.record(std::time::Duration::from_millis(ms));
         }
         render(&MetricsInput {
-            redis_unreplicated: 0,
+            redis_unreplicated: 5,
             topic: "sk_ORDER_CREATE".into(),
             stats: &fixture_stats(),
             publish_latency: &lat,
@@ -840,6 +840,9 @@ seckill_admission_trips_total 2
 # HELP seckill_admission_refused_total Reservations refused while closed.
 # TYPE seckill_admission_refused_total counter
 seckill_admission_refused_total 31
+# HELP seckill_redis_unreplicated_writes_total Reservations and releases answered before a Redis replica acknowledged them (§4.6): a failover now could lose them.
+# TYPE seckill_redis_unreplicated_writes_total counter
+seckill_redis_unreplicated_writes_total 5
 # HELP seckill_consumer_concurrency_limit Order transactions allowed at once (never above the budget).
 # TYPE seckill_consumer_concurrency_limit gauge
 seckill_consumer_concurrency_limit 6

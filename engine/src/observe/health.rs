@@ -156,11 +156,11 @@ async fn redis(cfg: &Config) -> ComponentHealth {
         }
         let version = redis_conn::server_version(&mut conn).await?;
         let persistence = redis_conn::persistence(&mut conn).await;
-        Ok(persistence_row(
-            version,
-            &persistence,
-            cfg.redis.expect_persistence,
-        ))
+        let row = persistence_row(version, &persistence, cfg.redis.expect_persistence);
+        Ok(match conn.cluster_nodes().await? {
+            None => row,
+            Some(nodes) => cluster_row(row, &nodes, cfg.redis.wait_replicas),
+        })
     })
     .await;
     row("redis", &endpoint, started, result)
@@ -180,6 +180,72 @@ fn persistence_row(version: String, p: &redis_conn::Persistence, expected: bool)
         );
     }
     (version, HealthState::Up, Some(format!("persistence: {p}")))
+}
+
+/// The Redis row of a cluster (pure): its shape, and degraded when a node
+/// failed, a slot has no master, or a master has no live replica while
+/// reservations are meant to wait for one (docs/architecture.md §4.6).
+fn cluster_row(
+    (version, state, detail): Probed,
+    nodes: &[redis_conn::ClusterNode],
+    wait_replicas: u32,
+) -> Probed {
+    use redis_conn::NodeRole;
+    let live = |n: &&redis_conn::ClusterNode| !n.failed;
+    let masters: Vec<_> = nodes
+        .iter()
+        .filter(live)
+        .filter(|n| n.role == NodeRole::Master && !n.slots.is_empty())
+        .collect();
+    let replicas = nodes
+        .iter()
+        .filter(live)
+        .filter(|n| n.role == NodeRole::Replica)
+        .count();
+    let mut problems = Vec::new();
+    for n in nodes.iter().filter(|n| n.failed) {
+        problems.push(format!("node {} failed", n.addr));
+    }
+    let served: u32 = masters
+        .iter()
+        .flat_map(|m| &m.slots)
+        .map(|(lo, hi)| u32::from(hi.saturating_sub(*lo)) + 1)
+        .sum();
+    if served < 16_384 {
+        problems.push(format!(
+            "{} of 16384 slots have no live master: their activities refuse reservations",
+            16_384 - served
+        ));
+    }
+    if wait_replicas > 0 {
+        for m in &masters {
+            let has = nodes
+                .iter()
+                .filter(live)
+                .filter(|r| r.master_id.as_deref() == Some(m.id.as_str()))
+                .count();
+            if (has as u32) < wait_replicas {
+                problems.push(format!(
+                    "master {} has {has} live replica(s) of {wait_replicas} wanted: its reservations are answered unreplicated, and its failure would lose them (restart the replica: ./scripts/stack.sh up --cluster)",
+                    m.addr
+                ));
+            }
+        }
+    }
+    let shape = format!("cluster: {} masters, {replicas} replicas", masters.len());
+    let detail = match detail {
+        Some(d) => format!("{shape}; {d}"),
+        None => shape,
+    };
+    if problems.is_empty() {
+        (version, state, Some(detail))
+    } else {
+        (
+            version,
+            HealthState::Degraded,
+            Some(format!("{}; {detail}", problems.join("; "))),
+        )
+    }
 }
 
 async fn rocketmq(cfg: &Config, rt: Arc<ClientRuntime>) -> Vec<ComponentHealth> {
@@ -411,6 +477,55 @@ mod tests {
         let (_, state, detail) = persistence_row("7".into(), &aof, true);
         assert_eq!(state, HealthState::Up);
         assert_eq!(detail.unwrap(), "persistence: aof (appendfsync everysec)");
+    }
+
+    #[test]
+    fn a_cluster_row_names_failed_nodes_unserved_slots_and_lone_masters() {
+        use redis_conn::parse_cluster_nodes;
+        let healthy = parse_cluster_nodes(
+            "a 127.0.0.1:7001@1 master - 0 0 1 connected 0-8191\n\
+             b 127.0.0.1:7002@1 master - 0 0 2 connected 8192-16383\n\
+             c 127.0.0.1:7003@1 slave a 0 0 1 connected\n\
+             d 127.0.0.1:7004@1 slave b 0 0 2 connected\n",
+        );
+        let up = (
+            "7".to_owned(),
+            HealthState::Up,
+            Some("persistence: x".to_owned()),
+        );
+        let (_, state, detail) = cluster_row(up.clone(), &healthy, 1);
+        assert_eq!(state, HealthState::Up);
+        assert_eq!(
+            detail.unwrap(),
+            "cluster: 2 masters, 2 replicas; persistence: x"
+        );
+        // b died and d took over: d serves its slots, with no replica left.
+        let failed_over = parse_cluster_nodes(
+            "a 127.0.0.1:7001@1 master - 0 0 1 connected 0-8191\n\
+             b 127.0.0.1:7002@1 master,fail - 0 0 2 disconnected\n\
+             c 127.0.0.1:7003@1 slave a 0 0 1 connected\n\
+             d 127.0.0.1:7004@1 master - 0 0 3 connected 8192-16383\n",
+        );
+        let (_, state, detail) = cluster_row(up.clone(), &failed_over, 1);
+        let detail = detail.unwrap();
+        assert_eq!(state, HealthState::Degraded);
+        assert!(detail.contains("node 127.0.0.1:7002 failed"), "{detail}");
+        assert!(
+            detail.contains("master 127.0.0.1:7004 has 0 live replica"),
+            "{detail}"
+        );
+        assert!(!detail.contains("7001 has"), "{detail}");
+        // Without waits a lone master is not a problem of the sale's.
+        let (_, _, detail) = cluster_row(up.clone(), &failed_over, 0);
+        assert!(!detail.unwrap().contains("live replica"));
+        // Before the failover: b's slots have no live master.
+        let down = parse_cluster_nodes(
+            "a 127.0.0.1:7001@1 master - 0 0 1 connected 0-8191\n\
+             b 127.0.0.1:7002@1 master,fail? - 0 0 2 connected 8192-16383\n",
+        );
+        let (_, state, detail) = cluster_row(up, &down, 0);
+        assert_eq!(state, HealthState::Degraded);
+        assert!(detail.unwrap().contains("8192 of 16384 slots"));
     }
 
     #[test]

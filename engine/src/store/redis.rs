@@ -158,6 +158,93 @@ impl RedisConn {
     }
 }
 
+/// One node of a Redis Cluster, as `CLUSTER NODES` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ClusterNode {
+    pub id: String,
+    /// `host:port`.
+    pub addr: String,
+    pub role: NodeRole,
+    /// A replica's master.
+    pub master_id: Option<String>,
+    /// Flagged `fail` or `pfail` by the cluster.
+    pub failed: bool,
+    /// A master's slot ranges, inclusive.
+    pub slots: Vec<(u16, u16)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeRole {
+    Master,
+    Replica,
+}
+
+impl ClusterNode {
+    pub fn port(&self) -> Option<u16> {
+        self.addr.rsplit_once(':').and_then(|(_, p)| p.parse().ok())
+    }
+
+    pub fn owns(&self, slot: u16) -> bool {
+        self.slots
+            .iter()
+            .any(|(lo, hi)| (*lo..=*hi).contains(&slot))
+    }
+}
+
+/// `CLUSTER NODES` text as nodes (pure). A line that does not parse is
+/// skipped, not fatal: this is a view.
+pub fn parse_cluster_nodes(text: &str) -> Vec<ClusterNode> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [id, addr, flags, master_id, ..] = fields[..] else {
+                return None;
+            };
+            let flags: Vec<&str> = flags.split(',').collect();
+            let role = if flags.contains(&"master") {
+                NodeRole::Master
+            } else if flags.contains(&"slave") {
+                NodeRole::Replica
+            } else {
+                return None;
+            };
+            let slots = fields
+                .get(8..)
+                .unwrap_or_default()
+                .iter()
+                // `[slot->-id]` and `[slot-<-id]`: a slot on the move.
+                .filter(|s| !s.starts_with('['))
+                .filter_map(|s| match s.split_once('-') {
+                    Some((lo, hi)) => Some((lo.parse().ok()?, hi.parse().ok()?)),
+                    None => s.parse().ok().map(|n| (n, n)),
+                })
+                .collect();
+            Some(ClusterNode {
+                id: id.to_owned(),
+                addr: addr.split('@').next().unwrap_or(addr).to_owned(),
+                role,
+                master_id: (master_id != "-").then(|| master_id.to_owned()),
+                failed: flags.iter().any(|f| f.contains("fail")),
+                slots,
+            })
+        })
+        .collect()
+}
+
+impl RedisConn {
+    /// The cluster's nodes as one of them sees them; `None` on one server.
+    pub async fn cluster_nodes(&mut self) -> Result<Option<Vec<ClusterNode>>, RedisError> {
+        if !self.is_cluster() {
+            return Ok(None);
+        }
+        let text: String = self
+            .on_one_master(redis::cmd("CLUSTER").arg("NODES"))
+            .await?;
+        Ok(Some(parse_cluster_nodes(&text)))
+    }
+}
+
 pub async fn connect(cfg: &Config) -> Result<RedisConn, RedisError> {
     let url = cfg.redis_url_redacted();
     let timeout = cfg.admin_timeout();
@@ -280,6 +367,26 @@ pub async fn persistence(conn: &mut RedisConn) -> Persistence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_nodes_parse_roles_slots_and_failures() {
+        let text = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7002@17002 master,fail - 0 0 2 disconnected 5461 5462-10922 [5463->-c3]
+c3 127.0.0.1:7005@17005 slave a1 0 0 1 connected
+garbage
+";
+        let nodes = parse_cluster_nodes(text);
+        assert_eq!(nodes.len(), 3);
+        assert_eq!(nodes[0].role, NodeRole::Master);
+        assert_eq!(nodes[0].port(), Some(7001));
+        assert!(nodes[0].owns(5460) && !nodes[0].owns(5461));
+        assert!(nodes[1].failed && nodes[1].owns(5461) && nodes[1].owns(10922));
+        assert_eq!(nodes[1].slots, vec![(5461, 5461), (5462, 10922)]);
+        assert_eq!(nodes[2].role, NodeRole::Replica);
+        assert_eq!(nodes[2].master_id.as_deref(), Some("a1"));
+        assert!(nodes[2].slots.is_empty() && !nodes[2].failed);
+    }
 
     #[test]
     fn a_comma_makes_a_cluster() {
