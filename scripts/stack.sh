@@ -150,6 +150,10 @@ redis_replica_synced() {
 
 redis_cluster_down() {
   local port
+  # All asked at once: each takes a moment to close its AOF.
+  for port in $REDIS_CLUSTER_MASTERS $REDIS_CLUSTER_REPLICAS; do
+    pid_alive "$STARTED/redis-$port" && kill "$(cat "$STARTED/redis-$port")" 2>/dev/null || true
+  done
   for port in $REDIS_CLUSTER_MASTERS $REDIS_CLUSTER_REPLICAS; do stop_pid "redis-$port"; done
 }
 

@@ -16,7 +16,9 @@
 //! - every Redis script stays in its activity's slot, and batches mixing
 //!   activities on three masters are split by slot;
 //! - a Redis master killed mid-sale fails over to its replica and costs no
-//!   reservation; a shard whose replica stops answering stops waiting for it.
+//!   reservation; a shard whose replica stops answering stops waiting for it;
+//! - a selling activity's slot moved to another master mid-sale costs no
+//!   reservation.
 //!
 //! One test at a time (`--test-threads 1`): the kill would fail the others.
 
@@ -54,7 +56,12 @@ async fn two_brokers(env: &TestEnv) -> Result<()> {
 
 /// One order-create message per user, each sent alone: the producer's
 /// round robin then spreads them over every queue of both brokers.
-async fn send_orders(env: &TestEnv, activity: ActivityId, sku: SkuId, users: i64) -> Result<()> {
+async fn send_orders(
+    env: &TestEnv,
+    activity: ActivityId,
+    sku: SkuId,
+    users: std::ops::RangeInclusive<i64>,
+) -> Result<()> {
     let topic = env.names.topic(TopicKind::OrderCreate);
     let producer = RocketProducer::start(
         env.rt.clone(),
@@ -64,7 +71,7 @@ async fn send_orders(env: &TestEnv, activity: ActivityId, sku: SkuId, users: i64
         1,
     )
     .await?;
-    for user in 1..=users {
+    for user in users {
         let m = order_create(activity, sku, user);
         let r = producer
             .send(to_outgoing(&m, &topic), Duration::from_secs(3))
@@ -128,7 +135,7 @@ fn a_dead_message_in_each_brokers_dlq_is_mirrored_exactly_once() {
     run(Setup::Full, |env| async move {
         two_brokers(&env).await?;
         let (activity, sku) = (ActivityId(42), SkuId(1));
-        env.seed_activity(activity, sku, 100, 300_000).await?;
+        env.seed_activity(activity, sku, 1_000, 300_000).await?;
         // Every order of this test's database is refused: each message dies.
         sqlx::raw_sql(
             "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -149,14 +156,21 @@ fn a_dead_message_in_each_brokers_dlq_is_mirrored_exactly_once() {
             Arc::new(OrderConsumer::new(env.pool.clone(), env.names.clone())),
         )
         .await?;
-        // More messages than the topic has queues on one broker.
-        let sent = i64::from(kind.queues()) + 16;
-        send_orders(&env, activity, sku, sent).await?;
-        let on = per_broker(&env, &topic).await?;
-        ensure!(
-            on.values().filter(|n| **n > 0).count() >= 2,
-            "sent through {on:?}"
-        );
+        // More messages than the topic has queues on one broker, again
+        // until both brokers hold some: a producer that found one broker
+        // slow (seen once: all 80 went to broker-b) sends to the other, and
+        // this test is about a dead message on each.
+        let batch = i64::from(kind.queues()) + 16;
+        let mut sent = 0;
+        loop {
+            send_orders(&env, activity, sku, sent + 1..=sent + batch).await?;
+            sent += batch;
+            let on = per_broker(&env, &topic).await?;
+            if on.values().filter(|n| **n > 0).count() >= 2 {
+                break;
+            }
+            ensure!(sent < 4 * batch, "{sent} sent, all through {on:?}");
+        }
 
         // Every pass's count added up: a message mirrored twice shows.
         let mut mirrored = 0;
@@ -264,56 +278,12 @@ fn one_broker_killed_mid_burst_costs_no_order() {
         let (activity, sku, stock, buyers) = (ActivityId(43), SkuId(1), 300, 600);
         env.seed_activity(activity, sku, stock, 300_000).await?;
         let engine = Engine::start(&env, env.cfg.clone()).await?;
-        let url = format!(
-            "http://{}/v1/activities/{}/skus/{}/reservations",
-            engine.addr, activity.0, sku.0
-        );
-        let accepted = Arc::new(std::sync::atomic::AtomicI64::new(0));
-        let burst = {
-            let (http, url, accepted) = (engine.http.clone(), url.clone(), accepted.clone());
-            tokio::spawn(async move {
-                let next = Arc::new(std::sync::atomic::AtomicI64::new(1));
-                let mut workers = tokio::task::JoinSet::new();
-                // Two buyers at a time, 10 ms apart: a burst of about 3 s,
-                // so the kill lands in its middle.
-                for _ in 0..2 {
-                    let (http, url, accepted, next) =
-                        (http.clone(), url.clone(), accepted.clone(), next.clone());
-                    workers.spawn(async move {
-                        loop {
-                            let user = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if user > buyers {
-                                return;
-                            }
-                            let body = serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()});
-                            if let Ok(r) = http.post(&url).json(&body).send().await
-                                && r.status() == 202
-                            {
-                                accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            }
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    });
-                }
-                while workers.join_next().await.is_some() {}
-            })
-        };
-        eventually(
-            Duration::from_secs(30),
-            "a third of the stock reserved",
-            || async {
-                Ok(
-                    (accepted.load(std::sync::atomic::Ordering::Relaxed) >= stock / 3)
-                        .then_some(()),
-                )
-            },
-        )
-        .await?;
+        let sale = Sale::start(&engine, activity, sku, buyers);
+        sale.until_accepted(stock / 3).await?;
         // kill -9 of broker-b, by the pid stack.sh recorded.
         kill_9(pid)?;
-        let at_kill = accepted.load(std::sync::atomic::Ordering::Relaxed);
-        burst.await?;
-        let sold = accepted.load(std::sync::atomic::Ordering::Relaxed);
+        let at_kill = sale.accepted();
+        let (sold, _) = sale.finish().await?;
         ensure!(sold == stock, "{sold} accepted of {stock}");
         ensure!(
             at_kill < stock,
@@ -369,7 +339,7 @@ fn the_lag_is_split_by_broker_and_the_parts_add_up() {
         )
         .await?;
         let sent = i64::from(kind.queues()) + 16;
-        send_orders(&env, ActivityId(44), SkuId(1), sent).await?;
+        send_orders(&env, ActivityId(44), SkuId(1), 1..=sent).await?;
         let lag = eventually(
             Duration::from_secs(30),
             "the whole send counted as lag",
@@ -557,76 +527,13 @@ fn a_redis_master_failing_over_mid_sale_costs_no_reservation() {
         let mut cfg = env.cfg.clone();
         cfg.redis.wait_replicas = 1;
         let engine = Engine::start(&env, cfg).await?;
-        let url = format!(
-            "http://{}/v1/activities/{}/skus/{}/reservations",
-            engine.addr, activity.0, sku.0
-        );
-        let accepted = Arc::new(std::sync::atomic::AtomicI64::new(0));
-        let retried = Arc::new(std::sync::atomic::AtomicI64::new(0));
-        let burst = {
-            let (http, url) = (engine.http.clone(), url.clone());
-            let (accepted, retried) = (accepted.clone(), retried.clone());
-            tokio::spawn(async move {
-                let next = Arc::new(std::sync::atomic::AtomicI64::new(1));
-                let mut workers = tokio::task::JoinSet::new();
-                for _ in 0..4 {
-                    let (http, url, next) = (http.clone(), url.clone(), next.clone());
-                    let (accepted, retried) = (accepted.clone(), retried.clone());
-                    workers.spawn(async move {
-                        loop {
-                            let user = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if user > buyers {
-                                return Ok::<(), anyhow::Error>(());
-                            }
-                            // A buyer asks until answered, with one request
-                            // id: a 5xx or a broken connection says nothing
-                            // of whether the reservation was made.
-                            let body = serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()});
-                            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-                            loop {
-                                match http.post(&url).json(&body).send().await {
-                                    Ok(r) if r.status() == 202 => {
-                                        accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                        break;
-                                    }
-                                    Ok(r) if r.status().is_client_error() => break,
-                                    _ => {
-                                        retried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                        ensure!(
-                                            std::time::Instant::now() < deadline,
-                                            "user {user} got no answer in 60 s"
-                                        );
-                                        tokio::time::sleep(Duration::from_millis(100)).await;
-                                    }
-                                }
-                            }
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    });
-                }
-                while let Some(done) = workers.join_next().await {
-                    done??;
-                }
-                Ok::<(), anyhow::Error>(())
-            })
-        };
-        eventually(
-            Duration::from_secs(30),
-            "a third of the stock reserved",
-            || async {
-                Ok(
-                    (accepted.load(std::sync::atomic::Ordering::Relaxed) >= stock / 3)
-                        .then_some(()),
-                )
-            },
-        )
-        .await?;
+        let sale = Sale::start(&engine, activity, sku, buyers);
+        sale.until_accepted(stock / 3).await?;
         let t0 = std::time::Instant::now();
         kill_9(pid)?;
-        let at_kill = accepted.load(std::sync::atomic::Ordering::Relaxed);
-        burst.await??;
+        let at_kill = sale.accepted();
+        let (sold, retried) = sale.finish().await?;
         let burst_done = t0.elapsed();
-        let sold = accepted.load(std::sync::atomic::Ordering::Relaxed);
         ensure!(
             at_kill < stock,
             "the sale was over ({at_kill} accepted) before the kill"
@@ -652,8 +559,7 @@ fn a_redis_master_failing_over_mid_sale_costs_no_reservation() {
         ensure!(report.passed(), "{report:#?}");
         engine.stop().await?;
         eprintln!(
-            "failover of redis {port} mid-sale: {sold} sold, {} requests asked again; the sale ended {burst_done:?} after the kill, reconciled after {:?}",
-            retried.load(std::sync::atomic::Ordering::Relaxed),
+            "failover of redis {port} mid-sale: {sold} sold, {retried} requests asked again; the sale ended {burst_done:?} after the kill, reconciled after {:?}",
             t0.elapsed()
         );
         // The old master comes back as its successor's replica.
@@ -741,5 +647,214 @@ fn a_shard_short_of_its_replica_stops_waiting_and_counts_until_it_is_back() {
             store.live_reservations(activity).await?
         );
         Ok(())
+    });
+}
+
+/// Buyers of a sale through the engine's HTTP API, four at a time, 10 ms
+/// apart each: a burst of a few seconds, so a fault injected after the
+/// first third lands in its middle. A buyer asks until answered, with one
+/// request id: a 5xx or a broken connection says nothing of whether the
+/// reservation was made.
+struct Sale {
+    accepted: Arc<std::sync::atomic::AtomicI64>,
+    retried: Arc<std::sync::atomic::AtomicI64>,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl Sale {
+    fn start(engine: &Engine, activity: ActivityId, sku: SkuId, buyers: i64) -> Sale {
+        use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+        let url = format!(
+            "http://{}/v1/activities/{}/skus/{}/reservations",
+            engine.addr, activity.0, sku.0
+        );
+        let accepted = Arc::new(AtomicI64::new(0));
+        let retried = Arc::new(AtomicI64::new(0));
+        let next = Arc::new(AtomicI64::new(1));
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..4 {
+            let (http, url, next) = (engine.http.clone(), url.clone(), next.clone());
+            let (accepted, retried) = (accepted.clone(), retried.clone());
+            workers.spawn(async move {
+                loop {
+                    let user = next.fetch_add(1, Relaxed);
+                    if user > buyers {
+                        return Ok::<(), anyhow::Error>(());
+                    }
+                    let body = serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()});
+                    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                    loop {
+                        match http.post(&url).json(&body).send().await {
+                            Ok(r) if r.status() == 202 => {
+                                accepted.fetch_add(1, Relaxed);
+                                break;
+                            }
+                            Ok(r) if r.status().is_client_error() => break,
+                            _ => {
+                                retried.fetch_add(1, Relaxed);
+                                ensure!(
+                                    std::time::Instant::now() < deadline,
+                                    "user {user} got no answer in 60 s"
+                                );
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            });
+        }
+        let task = tokio::spawn(async move {
+            while let Some(done) = workers.join_next().await {
+                done??;
+            }
+            Ok(())
+        });
+        Sale {
+            accepted,
+            retried,
+            task,
+        }
+    }
+
+    fn accepted(&self) -> i64 {
+        self.accepted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn until_accepted(&self, n: i64) -> Result<()> {
+        eventually(Duration::from_secs(30), "reservations accepted", || async {
+            Ok((self.accepted() >= n).then_some(()))
+        })
+        .await
+    }
+
+    /// Waits for every buyer: (accepted, requests asked again).
+    async fn finish(self) -> Result<(i64, i64)> {
+        let Sale {
+            accepted,
+            retried,
+            task,
+        } = self;
+        task.await??;
+        Ok((
+            accepted.load(std::sync::atomic::Ordering::Relaxed),
+            retried.load(std::sync::atomic::Ordering::Relaxed),
+        ))
+    }
+}
+
+async fn node(port: u16) -> Result<redis::aio::MultiplexedConnection> {
+    Ok(redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+        .get_multiplexed_async_connection()
+        .await?)
+}
+
+/// Moves `slot` from `src` to `dst` as `redis-cli --cluster reshard` does:
+/// importing and migrating, the keys 20 at a time, then the new owner
+/// told to every master. Returns how many keys moved.
+async fn move_slot(
+    masters: &[(ClusterNode, Vec<u16>)],
+    slot: u16,
+    src: &ClusterNode,
+    dst: &ClusterNode,
+) -> Result<usize> {
+    let port = |n: &ClusterNode| n.port().ok_or_else(|| anyhow::anyhow!("{n:?}"));
+    let (mut s, mut d) = (node(port(src)?).await?, node(port(dst)?).await?);
+    let setslot = |how: &str, id: &str| {
+        let mut c = redis::cmd("CLUSTER");
+        c.arg("SETSLOT").arg(slot).arg(how).arg(id);
+        c
+    };
+    let () = setslot("IMPORTING", &src.id).query_async(&mut d).await?;
+    let () = setslot("MIGRATING", &dst.id).query_async(&mut s).await?;
+    let mut moved = 0;
+    loop {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(20)
+            .query_async(&mut s)
+            .await?;
+        if keys.is_empty() {
+            break;
+        }
+        let () = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(port(dst)?)
+            .arg("")
+            .arg(0)
+            .arg(5_000)
+            .arg("KEYS")
+            .arg(&keys)
+            .query_async(&mut s)
+            .await?;
+        moved += keys.len();
+    }
+    let () = setslot("NODE", &dst.id).query_async(&mut d).await?;
+    let () = setslot("NODE", &dst.id).query_async(&mut s).await?;
+    for (m, _) in masters
+        .iter()
+        .filter(|(m, _)| m.id != src.id && m.id != dst.id)
+    {
+        let () = setslot("NODE", &dst.id)
+            .query_async(&mut node(port(m)?).await?)
+            .await?;
+    }
+    Ok(moved)
+}
+
+/// The slot of a selling activity moved to another master in the middle
+/// of the sale (a resharding): while its keys are half moved, Redis answers
+/// ASK or TRYAGAIN, then MOVED; the client follows them, also inside the
+/// reserve pipeline (docs/architecture.md §4.6), and no reservation is lost
+/// or made twice.
+#[test]
+fn a_slot_moved_mid_sale_costs_no_reservation() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku, stock, buyers) = (ActivityId(47), SkuId(1), 300, 600);
+        let slot = slot_of(&env, &env.store().keys(activity).epoch()).await?;
+        let masters = redis_masters(&env).await?;
+        let (src, _) = master_of(&env, slot).await?;
+        let dst = masters
+            .iter()
+            .map(|(m, _)| m)
+            .find(|m| m.id != src.id)
+            .ok_or_else(|| anyhow::anyhow!("a second master: {masters:?}"))?
+            .clone();
+        env.seed_activity(activity, sku, stock, 300_000).await?;
+        let mut cfg = env.cfg.clone();
+        cfg.redis.wait_replicas = 1;
+        let engine = Engine::start(&env, cfg).await?;
+        let sale = Sale::start(&engine, activity, sku, buyers);
+        sale.until_accepted(stock / 3).await?;
+        let moved = move_slot(&masters, slot, &src, &dst).await?;
+        let at_move = sale.accepted();
+        let (sold, retried) = sale.finish().await?;
+        ensure!(moved > 0, "no key of slot {slot} moved");
+        ensure!(
+            at_move < stock,
+            "the sale was over ({at_move} accepted) before the slot moved"
+        );
+        ensure!(sold == stock, "{sold} accepted of {stock}");
+        let (owner, _) = master_of(&env, slot).await?;
+        ensure!(owner.id == dst.id, "slot {slot} is on {}", owner.addr);
+        eventually(
+            Duration::from_secs(120),
+            "an order per accepted reservation",
+            || async {
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+                    .fetch_one(&env.pool)
+                    .await?;
+                Ok((n == stock).then_some(()))
+            },
+        )
+        .await?;
+        let report = reconcile::run(&env.pool, &env.store(), activity).await?;
+        ensure!(report.passed(), "{report:#?}");
+        eprintln!(
+            "slot {slot} moved from {} to {} mid-sale ({moved} keys): {sold} sold, {retried} requests asked again",
+            src.addr, dst.addr
+        );
+        engine.stop().await
     });
 }

@@ -295,6 +295,9 @@ impl ReservationStore {
             .cmd("WAIT")
             .arg(wait.replicas)
             .arg(wait.timeout_ms);
+        // The cluster client follows MOVED, ASK and TRYAGAIN inside a
+        // pipeline as for one command (a slot moving or failing over), and
+        // sends it again: the scripts are idempotent, WAIT changes nothing.
         let replied: redis::RedisResult<(T, u32)> = match pipe.query_async(&mut conn).await {
             // Nothing ran: the script is not loaded on this master yet (it
             // restarted, or took over). Load it everywhere and go again.
