@@ -86,6 +86,8 @@ enum Command {
     /// The engine daemon
     #[command(subcommand)]
     Engine(cmd::engine::EngineCmd),
+    /// Every engine daemon in the registry, live or dead (docs/architecture.md §14.3)
+    Engines(cmd::engines::EnginesArgs),
     /// Bearer tokens for the engine's API (docs/security.md)
     #[command(subcommand)]
     Auth(cmd::auth::AuthCmd),
@@ -168,6 +170,7 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Engine(c) => cmd::engine::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Auth(c) => cmd::auth::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Audit(c) => cmd::audit::run(c, &cfg).await.map(|()| Exit::Ok),
+            Command::Engines(a) => cmd::engines::run(a, &cfg).await.map(|()| Exit::Ok),
             Command::Drill(c) => cmd::drill::run(c, &cfg, rt).await,
             Command::Tui(a) => cmd::tui::run(a, &cfg, rt).await.map(|()| Exit::Ok),
         }

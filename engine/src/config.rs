@@ -38,6 +38,27 @@ pub struct Config {
     pub redis: RedisConfig,
     pub auth: AuthConfig,
     pub http: HttpConfig,
+    pub registry: RegistryConfig,
+}
+
+/// The engine registry (docs/architecture.md §14.3): how often a daemon
+/// says it is alive, and how long a silent one counts as live.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    pub heartbeat_ms: u64,
+    /// Past this without a heartbeat a daemon is dead: a few beats, so one
+    /// slow beat under load does not make it so.
+    pub dead_after_ms: u64,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 1_000,
+            dead_after_ms: 5_000,
+        }
+    }
 }
 
 /// The daemon's HTTP limits (docs/architecture.md §13.2, "Limits"): what
@@ -367,6 +388,7 @@ impl Default for Config {
             redis: RedisConfig::default(),
             auth: AuthConfig::default(),
             http: HttpConfig::default(),
+            registry: RegistryConfig::default(),
         }
     }
 }

@@ -53,7 +53,8 @@ mod store;
 // Configuration and the daemon.
 pub use config::{
     AuthConfig, AuthMode, Config, ConsumerConfig, DlqConfig, GovernorConfig, HttpConfig,
-    LifecycleConfig, MqConfig, OutboxConfig, PgConfig, PublisherConfig, ScannerConfig, redact_url,
+    LifecycleConfig, MqConfig, OutboxConfig, PgConfig, PublisherConfig, RegistryConfig,
+    ScannerConfig, redact_url,
 };
 pub use daemon::api::{
     ActivityBody, ApiError, CancelBody, DiscardBody, MAX_VERIFY_MS, OpError, OpReply, PayBody,
@@ -81,6 +82,7 @@ pub use domain::status::{self, *};
 // Pure decisions.
 pub use decide::alerts::{self, Alert, AlertConfig, AlertInputs, AlertState, Ratio};
 pub use decide::backlog::{self, Drain, Level};
+pub use decide::liveness::{DeadBecause, EngineState};
 pub use decide::redis_state::RedisState;
 pub use decide::replica_ack::AckState;
 pub use decide::scale::{self, Advice, ScaleInputs};
@@ -123,6 +125,7 @@ pub use observe::health::{self, ComponentHealth, HealthReport, HealthState};
 pub use observe::view::{self, BacklogRow, PendingRow, PgView, PoolRow, ServerRow};
 pub use observe::{History, Observation, Observer, RATE_SPAN, Sample, Source, SourceError, Watch};
 pub use ops::activity::{self, ActivityError, ActivityView, NewActivity};
+pub use ops::engines::{self, EngineView};
 pub use ops::facts::{self, PipelineFacts};
 pub use ops::quarantine::{self, QuarantineError, Quarantined};
 pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVerdict};

@@ -108,24 +108,12 @@ fn a_flash_sale_through_two_brokers_sells_its_stock_once() {
             accepted += usize::from(r.status() == 202);
         }
         ensure!(accepted == stock as usize, "{accepted} accepted");
-        eventually(
-            Duration::from_secs(60),
-            "an order per accepted reservation",
-            || async {
-                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-                    .fetch_one(&env.pool)
-                    .await?;
-                Ok((n == stock).then_some(()))
-            },
-        )
-        .await?;
+        an_order_each_then_reconciled(&env, activity, stock, Duration::from_secs(60)).await?;
         let on = per_broker(&env, &env.names.topic(TopicKind::OrderCreate)).await?;
         ensure!(
             on.len() >= 2 && on.values().all(|n| *n > 0),
             "the order messages went through {on:?}"
         );
-        let report = reconcile::run(&env.pool, &env.store(), activity).await?;
-        ensure!(report.passed(), "{report:#?}");
         engine.stop().await
     });
 }
@@ -290,19 +278,7 @@ fn one_broker_killed_mid_burst_costs_no_order() {
             "the burst was over ({at_kill} accepted) before the kill"
         );
         stack_up_cluster().await?;
-        eventually(
-            Duration::from_secs(180),
-            "an order per accepted reservation",
-            || async {
-                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-                    .fetch_one(&env.pool)
-                    .await?;
-                Ok((n == stock).then_some(()))
-            },
-        )
-        .await?;
-        let report = reconcile::run(&env.pool, &env.store(), activity).await?;
-        ensure!(report.passed(), "{report:#?}");
+        an_order_each_then_reconciled(&env, activity, stock, Duration::from_secs(180)).await?;
         engine.stop().await
     });
 }
@@ -544,19 +520,7 @@ fn a_redis_master_failing_over_mid_sale_costs_no_reservation() {
             promoted.port() != Some(port),
             "slot {slot} is still served by {port}: {promoted:?}"
         );
-        eventually(
-            Duration::from_secs(120),
-            "an order per accepted reservation",
-            || async {
-                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-                    .fetch_one(&env.pool)
-                    .await?;
-                Ok((n == stock).then_some(()))
-            },
-        )
-        .await?;
-        let report = reconcile::run(&env.pool, &env.store(), activity).await?;
-        ensure!(report.passed(), "{report:#?}");
+        an_order_each_then_reconciled(&env, activity, stock, Duration::from_secs(120)).await?;
         engine.stop().await?;
         eprintln!(
             "failover of redis {port} mid-sale: {sold} sold, {retried} requests asked again; the sale ended {burst_done:?} after the kill, reconciled after {:?}",
@@ -838,23 +802,31 @@ fn a_slot_moved_mid_sale_costs_no_reservation() {
         ensure!(sold == stock, "{sold} accepted of {stock}");
         let (owner, _) = master_of(&env, slot).await?;
         ensure!(owner.id == dst.id, "slot {slot} is on {}", owner.addr);
-        eventually(
-            Duration::from_secs(120),
-            "an order per accepted reservation",
-            || async {
-                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
-                    .fetch_one(&env.pool)
-                    .await?;
-                Ok((n == stock).then_some(()))
-            },
-        )
-        .await?;
-        let report = reconcile::run(&env.pool, &env.store(), activity).await?;
-        ensure!(report.passed(), "{report:#?}");
+        an_order_each_then_reconciled(&env, activity, stock, Duration::from_secs(120)).await?;
         eprintln!(
             "slot {slot} moved from {} to {} mid-sale ({moved} keys): {sold} sold, {retried} requests asked again",
             src.addr, dst.addr
         );
         engine.stop().await
     });
+}
+
+/// Waits until there is an order per unit of `stock` sold, then checks the
+/// sale's invariants (docs/architecture.md §12).
+async fn an_order_each_then_reconciled(
+    env: &TestEnv,
+    activity: ActivityId,
+    stock: i64,
+    limit: Duration,
+) -> Result<()> {
+    eventually(limit, "an order per accepted reservation", || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+            .fetch_one(&env.pool)
+            .await?;
+        Ok((n == stock).then_some(()))
+    })
+    .await?;
+    let report = reconcile::run(&env.pool, &env.store(), activity).await?;
+    ensure!(report.passed(), "{report:#?}");
+    Ok(())
 }

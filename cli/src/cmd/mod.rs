@@ -7,6 +7,7 @@ pub mod db;
 pub mod dlq;
 pub mod drill;
 pub mod engine;
+pub mod engines;
 pub mod health;
 pub mod mq;
 pub mod observe;

@@ -20,6 +20,7 @@ mod loops;
 pub mod metrics;
 mod ops;
 mod parts;
+mod registry;
 mod restart;
 mod state;
 
@@ -86,9 +87,22 @@ pub async fn run(
     listeners: impl Into<Listeners>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
+    let listeners = listeners.into();
+    let address = listeners.api.local_addr()?.to_string();
     let mut parts = Parts::default();
     let served = match start(&cfg, &rt, &mut parts).await {
-        Ok(started) => serve(listeners.into(), started, &cfg.http, shutdown).await,
+        Ok(started) => {
+            let pool = started.state.pool.clone();
+            let me = registry::identity(instance_id(), address);
+            match registry::register(&pool, &me, &cfg.registry, started.cancel.clone()).await {
+                Ok(()) => {
+                    let served = serve(listeners, started, &cfg.http, shutdown).await;
+                    registry::stopped(&pool, &me.engine_id).await;
+                    served
+                }
+                Err(e) => Err(db::DbError::from(e).into()),
+            }
+        }
         Err(e) => Err(e),
     };
     parts.stop_all().await;

@@ -7,6 +7,7 @@ pub mod admission;
 pub mod alerts;
 pub mod backlog;
 pub mod circuit;
+pub mod liveness;
 pub mod redis_state;
 pub mod replica_ack;
 pub mod scale;

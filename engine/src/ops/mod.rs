@@ -1,8 +1,9 @@
 //! What an operator runs against the stores directly: activities, the
 //! reconcile of the invariants, pipeline facts, reservation status, the
-//! quarantine and the restore of Redis state.
+//! quarantine, the restore of Redis state and the engine registry's view.
 
 pub mod activity;
+pub mod engines;
 pub mod facts;
 pub mod quarantine;
 pub mod reconcile;

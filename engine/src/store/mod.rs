@@ -1,9 +1,10 @@
 //! Connections to the two stores: the PostgreSQL pool (with migrations and
 //! the schema guard) and Redis; and the two PostgreSQL tables every layer
-//! above may write on its own transaction: the bearer tokens and the
-//! operator audit log.
+//! above may write on its own transaction: the bearer tokens, the
+//! operator audit log and the engine registry.
 
 pub mod audit;
 pub mod db;
 pub mod redis;
+pub mod registry;
 pub mod tokens;
