@@ -63,7 +63,9 @@ pub enum DaemonError {
     Http(#[from] std::io::Error),
 }
 
-/// A unique lease owner for this instance's scanner.
+/// This daemon's one id: its registry row (docs/architecture.md §14.3), its
+/// scanner's lease owner and its Redis watch, so a lease names a daemon
+/// `seckillctl engines` lists.
 fn instance_id() -> String {
     format!("engine-{}-{}", std::process::id(), ulid::Ulid::new())
 }
@@ -89,11 +91,12 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let listeners = listeners.into();
     let address = listeners.api.local_addr()?.to_string();
+    let engine_id = instance_id();
     let mut parts = Parts::default();
-    let served = match start(&cfg, &rt, &mut parts).await {
+    let served = match start(&cfg, &rt, &engine_id, &mut parts).await {
         Ok(started) => {
             let pool = started.state.pool.clone();
-            let me = registry::identity(instance_id(), address);
+            let me = registry::identity(engine_id.clone(), address);
             match registry::register(&pool, &me, &cfg.registry, started.cancel.clone()).await {
                 Ok(()) => {
                     let served = serve(listeners, started, &cfg.http, shutdown).await;
@@ -122,6 +125,7 @@ struct Started {
 struct Ctx<'a> {
     cfg: &'a Config,
     rt: &'a Arc<ClientRuntime>,
+    engine_id: &'a str,
     names: Names,
     pool: PgPool,
     store: ReservationStore,
@@ -176,6 +180,7 @@ impl Ctx<'_> {
 async fn start(
     cfg: &Config,
     rt: &Arc<ClientRuntime>,
+    engine_id: &str,
     parts: &mut Parts,
 ) -> Result<Started, DaemonError> {
     let pool = db::connect(cfg).await?;
@@ -184,6 +189,7 @@ async fn start(
     let ctx = Ctx {
         cfg,
         rt,
+        engine_id,
         names: Names::new(cfg.topic_prefix.clone()),
         store: ReservationStore::new(redis, cfg.redis_prefix.clone()).with_replica_wait(
             crate::reservation::ReplicaWait {
@@ -259,7 +265,7 @@ async fn start(
         ctx.pool.clone(),
         ctx.store.clone(),
         state.ingress.clone(),
-        instance_id(),
+        ctx.engine_id.to_owned(),
         &ctx.tracker,
         ctx.cancel.clone(),
     );
@@ -319,7 +325,7 @@ fn start_senders(
             topic,
             send_timeout,
             stats: stats.clone(),
-            owner: instance_id(),
+            owner: ctx.engine_id.to_owned(),
             batch_max: ctx.cfg.publisher.batch_max,
             in_flight: ctx.cfg.publisher.in_flight,
             circuit: circuit.clone(),
