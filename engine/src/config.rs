@@ -184,7 +184,8 @@ pub struct GovernorConfig {
     /// Adapt the order consumer's concurrency inside its budget.
     pub adaptive_concurrency: bool,
     /// docs/architecture.md §10.7 inputs: order transactions PostgreSQL sustains (a load
-    /// test figure; default: the pool size) and the engine instances sharing it.
+    /// test figure; default: the pool size) and the engine instances sharing it
+    /// (the registry's live count when it has one, §14.3; this is the fallback).
     pub safe_pg_concurrency: Option<u32>,
     pub instances: u32,
 }

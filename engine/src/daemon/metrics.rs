@@ -690,6 +690,7 @@ mod tests {
                 engine: None,
                 broker_uptime_s: None,
                 redis_lost: vec![],
+                live_engines: None,
                 errors: Vec::new(),
             },
             advice: calm_advice(),

@@ -228,6 +228,10 @@ pub struct Sample {
     /// Live activities whose Redis state is lost or stale (docs/architecture.md §4.5).
     #[serde(default)]
     pub redis_lost: Vec<crate::ops::redis_state::ActivityRedis>,
+    /// Engine daemons live in the registry (docs/architecture.md §14.3):
+    /// the instances sharing PostgreSQL's budget (§10.7).
+    #[serde(default)]
+    pub live_engines: Option<u32>,
     pub errors: Vec<SourceError>,
 }
 
@@ -353,7 +357,7 @@ impl Observer {
         let at_ms = now_ms();
         let horizon_ms = (self.cfg.alerts.expiry_horizon_s * 1000.0) as i64;
         let limit = self.cfg.admin_timeout();
-        let (groups, pending, pg, dlq, engine, uptime, lost) = tokio::join!(
+        let (groups, pending, pg, dlq, engine, uptime, lost, live) = tokio::join!(
             bounded(
                 limit,
                 groups(
@@ -376,6 +380,7 @@ impl Observer {
             ),
             bounded(limit, broker_uptime(self.admin.as_ref(), self.uptime)),
             bounded(limit, redis_lost(self.pool.as_ref(), self.store.as_ref())),
+            bounded(limit, live_engines(self.pool.as_ref(), &self.cfg.registry)),
         );
         let e = &mut errors;
         let groups = take(e, Source::Rocketmq, groups).unwrap_or_default();
@@ -384,6 +389,7 @@ impl Observer {
         let dlq = take(e, Source::Dlq, dlq);
         let engine = take(e, Source::Engine, engine).flatten();
         let redis_lost = take(e, Source::RedisState, lost).unwrap_or_default();
+        let live_engines = take(e, Source::Postgresql, live);
         let broker_uptime_s = take(e, Source::BrokerUptime, uptime).and_then(|(fresh, u)| {
             if fresh {
                 self.uptime = Some((std::time::Instant::now(), u));
@@ -399,6 +405,7 @@ impl Observer {
             engine,
             broker_uptime_s,
             redis_lost,
+            live_engines,
             errors,
         }
     }
@@ -576,6 +583,21 @@ async fn redis_lost(
     let (pool, store) = (pool.ok_or(DOWN)?, store.ok_or(DOWN)?);
     let rows = crate::ops::redis_state::survey(pool, store).await?;
     Ok(rows.into_iter().filter(|r| r.state.refuses()).collect())
+}
+
+async fn live_engines(
+    pool: Option<&PgPool>,
+    cfg: &crate::config::RegistryConfig,
+) -> Result<u32, SourceFailure> {
+    let pool = pool.ok_or(DOWN)?;
+    let window =
+        chrono::Duration::milliseconds(i64::try_from(cfg.dead_after_ms).unwrap_or(i64::MAX));
+    let live = crate::ops::engines::list(pool, cfg, window)
+        .await?
+        .iter()
+        .filter(|e| e.state == crate::decide::liveness::EngineState::Live)
+        .count();
+    Ok(u32::try_from(live).unwrap_or(u32::MAX))
 }
 
 async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, SourceFailure> {

@@ -318,7 +318,13 @@ pub fn scale_inputs(
                 .safe_pg_concurrency
                 .unwrap_or(cfg.pg.max_connections),
             order_share: cfg.consumer.pg_share,
-            instances: cfg.governor.instances.max(1),
+            // The registry's live daemons when it has any (an old schema, or
+            // a console without PostgreSQL, falls back to the static figure).
+            instances: cur
+                .live_engines
+                .filter(|n| *n > 0)
+                .unwrap_or(cfg.governor.instances)
+                .max(1),
             threads_per_instance: cur
                 .engine
                 .as_ref()
@@ -358,8 +364,34 @@ mod tests {
             engine: None,
             broker_uptime_s: None,
             redis_lost: vec![],
+            live_engines: None,
             errors: vec![],
         }
+    }
+
+    #[test]
+    fn the_budget_counts_the_registrys_live_engines_over_the_static_figure() {
+        let n = Names::new("T_");
+        let mut cfg = Config::default();
+        cfg.governor.instances = 12;
+        let mut cur = sample(0, vec![group(&n, 0, 0, 0.0)]);
+        let inputs = |cur: &Sample| {
+            let rows = backlog(None, cur, &n);
+            scale_inputs(None, cur, &rows, &pg(None, cur), &cfg, &n)
+        };
+        assert_eq!(
+            inputs(&cur).budget.instances,
+            12,
+            "no registry: the static figure"
+        );
+        cur.live_engines = Some(3);
+        assert_eq!(inputs(&cur).budget.instances, 3);
+        cur.live_engines = Some(0);
+        assert_eq!(
+            inputs(&cur).budget.instances,
+            12,
+            "an empty registry says nothing"
+        );
     }
 
     #[test]
