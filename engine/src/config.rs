@@ -158,6 +158,9 @@ pub struct RedisConfig {
     /// How long a reservation waits for them; past it, it is answered
     /// anyway and counted (a replica is down, so no failover is coming).
     pub wait_timeout_ms: u64,
+    /// Connections of their own that the waiting writes take turns on: a
+    /// `WAIT` holds up everything queued behind it on its connection.
+    pub wait_lanes: u32,
 }
 
 impl Default for RedisConfig {
@@ -166,6 +169,7 @@ impl Default for RedisConfig {
             expect_persistence: false,
             wait_replicas: 0,
             wait_timeout_ms: 100,
+            wait_lanes: 8,
         }
     }
 }

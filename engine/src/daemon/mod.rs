@@ -186,17 +186,23 @@ async fn start(
     let pool = db::connect(cfg).await?;
     parts.started(Part::Pool(pool.clone()));
     let redis = redis_conn::connect(cfg).await?;
+    let mut wait_lanes = Vec::new();
+    if cfg.redis.wait_replicas > 0 {
+        for _ in 0..cfg.redis.wait_lanes {
+            wait_lanes.push(redis_conn::connect(cfg).await?);
+        }
+    }
     let ctx = Ctx {
         cfg,
         rt,
         engine_id,
         names: Names::new(cfg.topic_prefix.clone()),
-        store: ReservationStore::new(redis, cfg.redis_prefix.clone()).with_replica_wait(
-            crate::reservation::ReplicaWait {
+        store: ReservationStore::new(redis, cfg.redis_prefix.clone())
+            .with_replica_wait(crate::reservation::ReplicaWait {
                 replicas: cfg.redis.wait_replicas,
                 timeout_ms: cfg.redis.wait_timeout_ms,
-            },
-        ),
+            })
+            .with_wait_lanes(wait_lanes),
         pool,
         tracker: TaskTracker::new(),
         cancel: CancellationToken::new(),

@@ -11,7 +11,7 @@ use crate::domain::status::OrderStatus;
 use crate::store::redis::RedisConn;
 use redis::{AsyncCommands, Script};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 type Result<T, E = ReservationError> = std::result::Result<T, E>;
@@ -80,6 +80,12 @@ pub struct ReservationStore {
     wait: Option<ReplicaWait>,
     /// Per activity (one slot, so one shard): whether its writes wait.
     acks: Arc<Mutex<HashMap<ActivityId, AckState>>>,
+    /// Connections of their own for the writes that wait: `WAIT` blocks the
+    /// connection it is sent on, and every command queued behind it, so
+    /// waits are spread over these, round robin, away from everything
+    /// else (docs/architecture.md §4.6). Empty: the one connection.
+    wait_lanes: Arc<[RedisConn]>,
+    next_lane: Arc<AtomicUsize>,
     unreplicated: Arc<AtomicU64>,
 }
 
@@ -106,6 +112,8 @@ impl ReservationStore {
             prefix: prefix.into().into(),
             wait: None,
             acks: Arc::default(),
+            wait_lanes: Arc::from(Vec::new()),
+            next_lane: Arc::default(),
             unreplicated: Arc::default(),
         }
     }
@@ -114,6 +122,20 @@ impl ReservationStore {
     pub fn with_replica_wait(mut self, wait: ReplicaWait) -> Self {
         self.wait = (wait.replicas > 0).then_some(wait);
         self
+    }
+
+    /// The connections the waiting writes take turns on.
+    pub fn with_wait_lanes(mut self, lanes: Vec<RedisConn>) -> Self {
+        self.wait_lanes = Arc::from(lanes);
+        self
+    }
+
+    fn wait_lane(&self) -> RedisConn {
+        if self.wait_lanes.is_empty() {
+            return self.conn();
+        }
+        let i = self.next_lane.fetch_add(1, Ordering::Relaxed) % self.wait_lanes.len();
+        self.wait_lanes[i].clone()
     }
 
     pub fn keys(&self, activity: ActivityId) -> Keys {
@@ -266,7 +288,6 @@ impl ReservationStore {
         args: &[String],
         wrote: impl Fn(&T) -> bool,
     ) -> Result<T> {
-        let mut conn = self.conn();
         let (wait, plan) = match self.wait.map(|wait| (wait, self.ack_plan(activity))) {
             Some((wait, plan @ (Plan::Wait | Plan::Probe))) => (wait, plan),
             unwaited => {
@@ -277,7 +298,7 @@ impl ReservationStore {
                 for a in args {
                     call.arg(a);
                 }
-                let reply: T = call.invoke_async(&mut conn).await?;
+                let reply: T = call.invoke_async(&mut self.conn()).await?;
                 if let Some((wait, _)) = unwaited
                     && wrote(&reply)
                 {
@@ -286,6 +307,7 @@ impl ReservationStore {
                 return Ok(reply);
             }
         };
+        let mut conn = self.wait_lane();
         let mut pipe = redis::pipe();
         pipe.cmd("EVALSHA")
             .arg(script.get_hash())
