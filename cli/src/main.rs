@@ -57,7 +57,7 @@ enum Command {
     /// Pending reservations per activity: oldest age, next retry, send attempts
     Pending(cmd::observe::WindowArgs),
     /// PostgreSQL pressure: the engine's pool and the server's activity
-    Pg(cmd::observe::WindowArgs),
+    Pg(cmd::observe::PgArgs),
     /// Scaling advice from the docs/architecture.md §10.8 table
     #[command(subcommand)]
     Scale(cmd::observe::ScaleCmd),

@@ -39,7 +39,7 @@ pub struct ConfigFlags {
     /// Prefix for topics and consumer groups [env SECKILL_TOPIC_PREFIX]
     #[arg(long, global = true, value_name = "PREFIX")]
     pub topic_prefix: Option<String>,
-    /// A running engine's HTTP address, for engine-side figures [env SECKILL_ENGINE_URL]
+    /// Running engines' HTTP addresses, comma-separated, for engine-side figures [default: every live engine of the registry; env SECKILL_ENGINE_URL]
     #[arg(long, global = true, value_name = "URL")]
     pub engine_url: Option<String>,
     /// Refuse every mutation (also `[auth] readonly = true`)
@@ -95,7 +95,20 @@ pub fn layer(flags: &ConfigFlags, env: &HashMap<String, String>, cwd: &Path) -> 
         cfg.topic_prefix = v;
     }
     if let Some(v) = pick(&flags.engine_url, ENV_ENGINE_URL) {
-        cfg.engine_url = v.trim_end_matches('/').to_owned();
+        // A list reads exactly those engines; the first also takes the
+        // operator API's requests.
+        let urls: Vec<String> = v
+            .split(',')
+            .map(|u| u.trim().trim_end_matches('/').to_owned())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.is_empty() {
+            bail!(
+                "--engine-url {v:?} names no engine; give http://host:port[,http://host:port...]"
+            );
+        }
+        cfg.engine_url = urls[0].clone();
+        cfg.engine_urls = urls;
     }
     cfg.auth.readonly |= flags.readonly;
     cfg.auth.direct = flags.direct;
@@ -143,6 +156,25 @@ fn validate(cfg: &Config) -> Result<()> {
             cfg.topic_prefix
         );
     }
+    // A lease is trusted for 80 % of its TTL from the renewal's send
+    // (docs/architecture.md §14.4): renewals must come well within it, or
+    // the roles flap between renewals; a daemon must beat more often than
+    // it is judged dead.
+    let r = &cfg.registry;
+    if r.lease_ttl_ms < 2 * r.heartbeat_ms.max(100) {
+        bail!(
+            "[registry] lease_ttl_ms = {} must be at least twice heartbeat_ms = {} (the lease is renewed every heartbeat)",
+            r.lease_ttl_ms,
+            r.heartbeat_ms
+        );
+    }
+    if r.dead_after_ms <= r.heartbeat_ms {
+        bail!(
+            "[registry] dead_after_ms = {} must be longer than heartbeat_ms = {}, or every daemon looks dead between beats",
+            r.dead_after_ms,
+            r.heartbeat_ms
+        );
+    }
     if cfg.namesrv_addr.rsplit_once(':').is_none() {
         bail!(
             "namesrv address {:?} must be host:port, e.g. 127.0.0.1:9876",
@@ -172,6 +204,33 @@ mod tests {
         assert_eq!(cfg.namesrv_addr, "127.0.0.1:9876");
         assert!(cfg.database_url.expose_secret().contains("127.0.0.1"));
         assert_eq!(cfg.topic_prefix, "");
+    }
+
+    #[test]
+    fn a_lease_shorter_than_two_heartbeats_is_refused() {
+        let dir = std::env::temp_dir().join(format!("seckill-cfg4-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("seckill.toml"),
+            "[registry]\nheartbeat_ms = 1000\nlease_ttl_ms = 1500\n",
+        )
+        .unwrap();
+        let err = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap_err();
+        assert!(format!("{err:#}").contains("lease_ttl_ms"), "{err:#}");
+    }
+
+    #[test]
+    fn an_engine_url_list_reads_those_engines() {
+        let dir = std::env::temp_dir().join(format!("seckill-cfg3-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let none = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap();
+        assert!(none.engine_urls.is_empty(), "the registry decides");
+        let e = env(&[(ENV_ENGINE_URL, "http://a:1/, http://b:2")]);
+        let two = layer(&ConfigFlags::default(), &e, &dir).unwrap();
+        assert_eq!(two.engine_urls, ["http://a:1", "http://b:2"]);
+        assert_eq!(two.engine_url, "http://a:1");
+        let bad = env(&[(ENV_ENGINE_URL, " , ")]);
+        assert!(layer(&ConfigFlags::default(), &bad, &dir).is_err());
     }
 
     #[test]

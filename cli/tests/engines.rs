@@ -1,12 +1,263 @@
 //! The engine registry (docs/architecture.md §14.3): every daemon writes its
 //! row on start and beats; `seckillctl engines` lists the live ones and the
 //! dead, those stopped cleanly at once and those fallen silent after
-//! `[registry] dead_after_ms`.
+//! `[registry] dead_after_ms`. The console reads every live daemon and adds
+//! their figures up; the elected singletons (§14.4) run on one daemon each.
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
+use seckill_engine::{ActivityId, RequestId, Role, SkuId, TopicKind};
 use seckill_tests::{Engine, Setup, TestEnv, eventually, run};
 use secrecy::ExposeSecret;
 use std::time::Duration;
+
+/// `seckillctl ARGS` against this test's database and topics, reading
+/// whichever engines the registry holds live; its exit code and stdout.
+async fn cli(env: &TestEnv, token: &str, args: &[&str]) -> Result<(i32, serde_json::Value)> {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
+        .args(args)
+        .env_remove("SECKILL_CONFIG")
+        .env_remove("SECKILL_ENGINE_URL")
+        .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
+        .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
+        .env("SECKILL_TOKEN", token)
+        .output()
+        .await?;
+    let json = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "{args:?}: not JSON: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    Ok((out.status.code().unwrap_or(-1), json))
+}
+
+const ACTIVITY: ActivityId = ActivityId(4242);
+const SKU: SkuId = SkuId(7);
+
+async fn reserve(engine: &Engine, user: i64) -> Result<()> {
+    let r = engine
+        .http
+        .post(format!(
+            "http://{}/v1/activities/{}/skus/{}/reservations",
+            engine.addr, ACTIVITY.0, SKU.0
+        ))
+        .json(&serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}))
+        .send()
+        .await?;
+    ensure!(r.status() == 202, "reservation of {user}: {}", r.status());
+    Ok(())
+}
+
+fn order_row<'a>(backlog: &'a serde_json::Value, group: &str) -> Result<&'a serde_json::Value> {
+    backlog["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|g| g["group"] == group)
+        .with_context(|| format!("no row for {group}: {backlog}"))
+}
+
+#[test]
+fn one_console_reads_every_live_engine_and_adds_them_up() {
+    run(Setup::Full, |env| async move {
+        env.seed_activity(ACTIVITY, SKU, 500, 300_000).await?;
+        let reader = env.issue_token("console", Role::Reader).await?;
+        let a = Engine::start(&env, env.cfg.clone()).await?;
+        let b = Engine::start(&env, env.cfg.clone()).await?;
+        let group = env.names.group(TopicKind::OrderCreate);
+        let topic = env.names.topic(TopicKind::OrderCreate);
+
+        // Hold the SKU's row so the order consumers, on both daemons,
+        // block in their transactions: the broker's lag stands still.
+        let mut hold = env.pool.begin().await?;
+        sqlx::query("SELECT 1 FROM inventory WHERE activity_id = $1 AND sku_id = $2 FOR UPDATE")
+            .bind(ACTIVITY)
+            .bind(SKU)
+            .execute(&mut *hold)
+            .await?;
+        for user in 0..120 {
+            reserve(if user % 2 == 0 { &a } else { &b }, 1_000 + user).await?;
+        }
+        eventually(Duration::from_secs(30), "120 messages stored", || async {
+            let d = env.admin.lag_detail(&topic, &group, 0, usize::MAX).await?;
+            Ok((d.broker_offsets >= 120).then_some(()))
+        })
+        .await?;
+        let (code, backlog) =
+            cli(&env, &reader, &["backlog", "--window", "1s", "-o", "json"]).await?;
+        let broker = env.admin.lag_detail(&topic, &group, 0, usize::MAX).await?;
+        let retry = env
+            .admin
+            .lag_detail(&seckill_engine::retry_topic(&group), &group, 0, usize::MAX)
+            .await
+            .map(|d| d.messages)
+            .unwrap_or(0);
+        ensure!(code == 0, "backlog exit {code}: {backlog}");
+        let row = order_row(&backlog, &group)?;
+        ensure!(
+            row["lag_messages"] == broker.messages + retry && broker.messages + retry > 0,
+            "the console's lag {} is the broker's own {} (+{retry} retrying)",
+            row["lag_messages"],
+            broker.messages
+        );
+        let daemons = backlog["engines"].as_array().context("engines")?.clone();
+        ensure!(daemons.len() == 2, "{backlog:#}");
+        ensure!(
+            daemons
+                .iter()
+                .all(|e| e["seen"] == "answered" && e["id"].is_string()),
+            "{daemons:#?}"
+        );
+        let inflight: i64 = daemons.iter().filter_map(|e| e["inflight"].as_i64()).sum();
+        ensure!(
+            row["inflight"].as_i64() == Some(inflight),
+            "in flight {} is the daemons' {inflight}",
+            row["inflight"]
+        );
+        hold.rollback().await?;
+
+        eventually(Duration::from_secs(60), "120 orders", || async {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+                .fetch_one(&env.pool)
+                .await?;
+            Ok((n == 120).then_some(()))
+        })
+        .await?;
+        let (_, backlog) = cli(&env, &reader, &["backlog", "--window", "1s", "-o", "json"]).await?;
+        let created: i64 = backlog["engines"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["orders_created"].as_i64())
+            .sum();
+        ensure!(
+            created == 120,
+            "the daemons created {created} orders, PostgreSQL holds 120"
+        );
+
+        // Each singleton runs on exactly one daemon, and health says who.
+        let list = engines(&env).await?;
+        let mut roles: Vec<String> = list
+            .iter()
+            .flat_map(|e| e["roles"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| r.as_str().map(str::to_owned))
+            .collect();
+        roles.sort();
+        ensure!(roles == ["dlq-mirror", "sweeps", "webhook"], "{list:#?}");
+        let (code, health) = cli(
+            &env,
+            &reader,
+            &["health", "--window", "500ms", "-o", "json"],
+        )
+        .await?;
+        let rows = health["components"]
+            .as_array()
+            .context("components")?
+            .clone();
+        let row = |name: &str| rows.iter().find(|c| c["component"] == name).cloned();
+        for e in &list {
+            let name = format!("engine {}", e["id"].as_str().unwrap_or("?"));
+            ensure!(
+                row(&name).is_some_and(|r| r["state"] == "UP"),
+                "{name}: {health:#}"
+            );
+        }
+        for role in ["dlq-mirror", "sweeps", "webhook"] {
+            ensure!(
+                row(&format!("singleton {role}")).is_some_and(|r| r["state"] == "UP"),
+                "{role}: {health:#}"
+            );
+        }
+        // (The alerts may fire: the held row slowed those transactions.)
+        ensure!(
+            code != 3 && rows.iter().all(|c| c["state"] != "DOWN"),
+            "health exit {code}: {health:#}"
+        );
+
+        // The holder stops cleanly: its roles move at once, and a stopped
+        // daemon is no finding.
+        let holder = list
+            .iter()
+            .find(|e| e["roles"].as_array().is_some_and(|r| !r.is_empty()))
+            .and_then(|e| e["address"].as_str())
+            .context("a holder")?
+            .to_owned();
+        let (stopping, staying) = if holder == a.addr.to_string() {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        stopping.stop().await?;
+        let staying_addr = staying.addr.to_string();
+        eventually(
+            Duration::from_secs(10),
+            "the roles on the survivor",
+            || async {
+                let list = engines(&env).await?;
+                Ok(list
+                    .iter()
+                    .find(|e| e["address"] == staying_addr.as_str())
+                    .and_then(|e| e["roles"].as_array())
+                    .is_some_and(|r| r.len() == 3)
+                    .then_some(()))
+            },
+        )
+        .await?;
+        // And a daemon that fell silent is a finding: degraded, not down.
+        sqlx::query(
+            "INSERT INTO engine_instances (engine_id, address, version, hostname, pid, started_at, heartbeat_at)
+             VALUES ('engine-silent', '127.0.0.1:1', '0.1.0', 'elsewhere', 1, now() - interval '2 min', now() - interval '1 min')",
+        )
+        .execute(&env.pool)
+        .await?;
+        let (code, health) = cli(
+            &env,
+            &reader,
+            &["health", "--window", "500ms", "-o", "json"],
+        )
+        .await?;
+        let rows = health["components"]
+            .as_array()
+            .context("components")?
+            .clone();
+        let state_of = |name: &str| {
+            rows.iter()
+                .find(|c| c["component"] == name)
+                .map(|c| c["state"].as_str().unwrap_or("?").to_owned())
+        };
+        ensure!(
+            state_of("engine engine-silent").as_deref() == Some("DEGRADED"),
+            "{health:#}"
+        );
+        ensure!(
+            rows.iter().any(|c| c["component"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("engine "))
+                && c["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("stopped cleanly"))
+                && c["state"] == "UP"),
+            "the stopped daemon: {health:#}"
+        );
+        ensure!(
+            code != 3,
+            "one live daemon answers: not unreachable ({code}): {health:#}"
+        );
+        let (_, backlog) = cli(&env, &reader, &["backlog", "--window", "1s", "-o", "json"]).await?;
+        let seen: Vec<&str> = backlog["engines"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["seen"].as_str())
+            .collect();
+        ensure!(
+            seen.contains(&"answered") && seen.contains(&"silent") && seen.contains(&"stopped"),
+            "{seen:?}"
+        );
+        staying.stop().await
+    });
+}
 
 /// `seckillctl engines --output json` against this test's database.
 async fn engines(env: &TestEnv) -> Result<Vec<serde_json::Value>> {

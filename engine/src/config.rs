@@ -22,8 +22,12 @@ pub struct Config {
     /// so environments and tests never share keys.
     pub redis_prefix: String,
     /// Where operator commands find a running engine's `/v1/stats` (engine-
-    /// side figures: in-flight, pool wait, transaction latency, send outcomes).
+    /// side figures: in-flight, pool wait, transaction latency, send outcomes)
+    /// and its operator API, when the registry names no live engine.
     pub engine_url: String,
+    /// The engines the console reads, when given (`--engine-url A,B`);
+    /// empty: every live engine of the registry (docs/architecture.md §14.3).
+    pub engine_urls: Vec<String>,
     pub pg: PgConfig,
     pub mq: MqConfig,
     pub publisher: PublisherConfig,
@@ -50,6 +54,10 @@ pub struct RegistryConfig {
     /// Past this without a heartbeat a daemon is dead: a few beats, so one
     /// slow beat under load does not make it so.
     pub dead_after_ms: u64,
+    /// An elected singleton's lease (docs/architecture.md §14.4), renewed
+    /// every `heartbeat_ms`: a killed holder's roles go to another daemon
+    /// within about this long.
+    pub lease_ttl_ms: u64,
 }
 
 impl Default for RegistryConfig {
@@ -57,6 +65,7 @@ impl Default for RegistryConfig {
         Self {
             heartbeat_ms: 1_000,
             dead_after_ms: 5_000,
+            lease_ttl_ms: 5_000,
         }
     }
 }
@@ -380,6 +389,7 @@ impl Default for Config {
             topic_prefix: String::new(),
             redis_prefix: "seckill".to_owned(),
             engine_url: "http://127.0.0.1:8080".to_owned(),
+            engine_urls: Vec::new(),
             pg: PgConfig::default(),
             mq: MqConfig::default(),
             publisher: PublisherConfig::default(),

@@ -73,6 +73,7 @@ pub use store::tokens::{self, TokenError, TokenRow};
 // The vocabulary: every id newtype, every status enum, the message bodies.
 pub use domain::ids::*;
 pub use domain::message;
+pub use domain::singleton::Singleton;
 pub use domain::stats::{
     ConsumeView, GovernorView, LifecycleStats, LifecycleView, Percentiles, PoolView, ResendView,
     StatsView,
@@ -82,10 +83,10 @@ pub use domain::status::{self, *};
 // Pure decisions.
 pub use decide::alerts::{self, Alert, AlertConfig, AlertInputs, AlertState, Ratio};
 pub use decide::backlog::{self, Drain, Level};
-pub use decide::liveness::{DeadBecause, EngineState};
+pub use decide::liveness::{DeadBecause, EngineState, RoleState};
 pub use decide::redis_state::RedisState;
 pub use decide::replica_ack::AckState;
-pub use decide::scale::{self, Advice, ScaleInputs};
+pub use decide::scale::{self, Advice, PoolFit, ScaleInputs};
 
 // Adapters.
 pub use mq::rocket::{MqError, QueueOffsets, RocketAdmin, RocketConsumer, RocketProducer};
@@ -121,11 +122,12 @@ pub use dlq::tickets::{
 };
 pub use dlq::verifier::{self, VerifyReport};
 pub use dlq::{mirror_once, webhook};
+pub use observe::engines::{EngineSample, Seen};
 pub use observe::health::{self, ComponentHealth, HealthReport, HealthState};
-pub use observe::view::{self, BacklogRow, PendingRow, PgView, PoolRow, ServerRow};
+pub use observe::view::{self, BacklogRow, EngineRow, PendingRow, PgView, PoolRow, ServerRow};
 pub use observe::{History, Observation, Observer, RATE_SPAN, Sample, Source, SourceError, Watch};
 pub use ops::activity::{self, ActivityError, ActivityView, NewActivity};
-pub use ops::engines::{self, EngineView};
+pub use ops::engines::{self, EngineView, RoleView};
 pub use ops::facts::{self, PipelineFacts};
 pub use ops::quarantine::{self, QuarantineError, Quarantined};
 pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVerdict};

@@ -84,6 +84,7 @@ fn data(o: Observation, tickets: Vec<tickets::Ticket>) -> Data {
         backlog: o.backlog,
         pending: o.pending,
         pg: o.pg,
+        engines: o.engines,
         alerts: o.alerts,
         tickets,
         tickets_error: None,

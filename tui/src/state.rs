@@ -3,8 +3,8 @@
 //! draws it.
 
 use seckill_engine::{
-    Alert, BacklogRow, DlqEntry, MessageId, PendingRow, PgView, ReplayReport, Ticket, TicketId,
-    Verdict,
+    Alert, BacklogRow, DlqEntry, EngineRow, MessageId, PendingRow, PgView, ReplayReport, Ticket,
+    TicketId, Verdict,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -30,6 +30,8 @@ pub struct Data {
     pub backlog: Vec<BacklogRow>,
     pub pending: Vec<PendingRow>,
     pub pg: PgView,
+    /// Every engine daemon, live or dead, with the singletons it runs.
+    pub engines: Vec<EngineRow>,
     pub alerts: Vec<Alert>,
     /// Tickets not CLOSED.
     pub tickets: Vec<Ticket>,

@@ -11,6 +11,7 @@ use seckill_engine::{
     ReplayDecision, ReplayId, ReplayOutcome, ReplayReport, ServerRow, Ticket, TicketId,
     TicketStatus, Verdict, alerts, replay,
 };
+use seckill_engine::{EngineRow, Seen, Singleton};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -166,10 +167,58 @@ fn healthy() -> Data {
                 churn_dead_share: 0.01,
             }),
         },
+        engines: vec![],
         alerts: alerts::evaluate(&AlertConfig::default(), &inputs_ok()),
         tickets: vec![],
         tickets_error: None,
     }
+}
+
+fn daemon(id: &str, port: u16, seen: Seen, roles: &[Singleton]) -> EngineRow {
+    let live = seen == Seen::Answered;
+    EngineRow {
+        id: Some(id.into()),
+        url: format!("http://127.0.0.1:{port}"),
+        version: Some("0.1.0".into()),
+        seen,
+        roles: roles.to_vec(),
+        heartbeat_age_ms: Some(if live { 400 } else { 42_000 }),
+        inflight: live.then_some(7),
+        orders_created: live.then_some(1_234),
+        pool_in_use: live.then_some(3),
+        pool_max: live.then_some(16),
+        pool_wait_p95_ms: live.then_some(0.4),
+        order_tx_p99_ms: live.then_some(12.0),
+        send_circuit: live.then(|| "CLOSED".into()),
+        admitting: live.then_some(true),
+        error: None,
+    }
+}
+
+/// Three daemons: two live (one running every singleton), one killed.
+fn fleet() -> Data {
+    let mut d = healthy();
+    d.engines = vec![
+        daemon(
+            "engine-101-01JAAAAAAAAAAAAAAAAAAAAAAA",
+            8080,
+            Seen::Answered,
+            &[Singleton::DlqMirror, Singleton::Sweeps, Singleton::Webhook],
+        ),
+        daemon(
+            "engine-102-01JBBBBBBBBBBBBBBBBBBBBBBB",
+            8081,
+            Seen::Answered,
+            &[],
+        ),
+        daemon(
+            "engine-103-01JCCCCCCCCCCCCCCCCCCCCCCC",
+            8082,
+            Seen::Silent,
+            &[],
+        ),
+    ];
+    d
 }
 
 fn critical() -> Data {
@@ -536,6 +585,15 @@ fn unreadable_tickets_are_not_shown_as_none_open() {
 #[test]
 fn snapshot_healthy() {
     insta::assert_snapshot!(screen(&state_with(healthy())));
+}
+
+#[test]
+fn snapshot_every_engine_with_its_role_live_or_dead() {
+    let text = screen(&state_with(fleet()));
+    assert!(text.contains("engines: 2 live of 3"), "{text}");
+    assert!(text.contains("DEAD silent 42s"), "{text}");
+    assert!(text.contains("dlq-mirror,sweeps,webhook"), "{text}");
+    insta::assert_snapshot!(text);
 }
 
 #[test]

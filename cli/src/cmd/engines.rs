@@ -1,10 +1,10 @@
-//! `seckillctl engines`: every engine daemon in the registry, live or dead
-//! (docs/architecture.md §14.3). Read over the database URL, so it answers
-//! when no engine does.
+//! `seckillctl engines`: every engine daemon in the registry, live or dead,
+//! and the singleton roles each holds (docs/architecture.md §14.3, §14.4).
+//! Read over the database URL, so it answers when no engine does.
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::{Config, EngineState, EngineView, db, engines};
+use seckill_engine::{Config, EngineState, EngineView, RoleState, RoleView, db, engines};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -17,10 +17,19 @@ pub struct EnginesArgs {
     output: OutputFormat,
 }
 
-/// The JSON is the list itself: one object per daemon.
-#[derive(Debug, Serialize)]
-#[serde(transparent)]
-struct EnginesView(Vec<EngineView>);
+/// The JSON is the list itself: one object per daemon, its `roles` among
+/// its fields; the table adds a line per singleton.
+#[derive(Debug)]
+struct EnginesView {
+    engines: Vec<EngineView>,
+    roles: Vec<RoleView>,
+}
+
+impl Serialize for EnginesView {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.engines.serialize(s)
+    }
+}
 
 impl Tabular for EnginesView {
     fn table(&self) -> comfy_table::Table {
@@ -29,12 +38,13 @@ impl Tabular for EnginesView {
             "ADDRESS",
             "VERSION",
             "STATE",
+            "ROLES",
             "HOST",
             "PID",
             "STARTED",
             "LAST HEARD",
         ]);
-        for e in &self.0 {
+        for e in &self.engines {
             let state = match (e.state, e.dead_because) {
                 (EngineState::Live, _) => "live".to_owned(),
                 (EngineState::Dead, Some(why)) => format!("dead ({why:?})").to_lowercase(),
@@ -45,6 +55,15 @@ impl Tabular for EnginesView {
                 e.address.clone(),
                 e.version.clone(),
                 state,
+                if e.roles.is_empty() {
+                    "-".to_owned()
+                } else {
+                    e.roles
+                        .iter()
+                        .map(|r| r.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
                 e.hostname.clone(),
                 e.pid.to_string(),
                 e.started_at.format("%Y-%m-%d %H:%M:%S").to_string(),
@@ -55,14 +74,24 @@ impl Tabular for EnginesView {
     }
 
     fn footer(&self) -> Vec<String> {
-        let live = self
-            .0
-            .iter()
-            .filter(|e| e.state == EngineState::Live)
-            .count();
-        let mut lines = vec![format!("{live} live, {} dead", self.0.len() - live)];
-        let mut versions: Vec<&str> = self
-            .0
+        let all = &self.engines;
+        let live = all.iter().filter(|e| e.state == EngineState::Live).count();
+        let mut lines = vec![format!("{live} live, {} dead", all.len() - live)];
+        for r in &self.roles {
+            lines.push(match (r.state, &r.holder) {
+                (RoleState::Held, Some(h)) => format!("{}: run by {h} ({} handovers)", r.role, r.handovers),
+                (RoleState::HolderDead, Some(h)) => format!(
+                    "{}: its holder {h} is dead; a live daemon takes it once the lease lapses ([registry] lease_ttl_ms)",
+                    r.role
+                ),
+                _ if live == 0 => format!("{}: no daemon runs it (no engine is live)", r.role),
+                _ => format!(
+                    "{}: NO OWNER while {live} daemon(s) are live: runbooks/singleton-unowned.md",
+                    r.role
+                ),
+            });
+        }
+        let mut versions: Vec<&str> = all
             .iter()
             .filter(|e| e.state == EngineState::Live)
             .map(|e| e.version.as_str())
@@ -82,10 +111,13 @@ impl Tabular for EnginesView {
 pub async fn run(args: EnginesArgs, cfg: &Config) -> Result<()> {
     let pool = db::connect(cfg).await?;
     let window = chrono::Duration::from_std(args.since).unwrap_or(chrono::Duration::MAX);
-    let views = engines::list(&pool, &cfg.registry, window).await?;
+    let (views, roles) = engines::with_roles(&pool, &cfg.registry, window).await?;
     render(
         &mut std::io::stdout().lock(),
         args.output,
-        &EnginesView(views),
+        &EnginesView {
+            engines: views,
+            roles,
+        },
     )
 }

@@ -125,9 +125,9 @@ pub async fn run(args: HealthArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
     };
     let engine_row = async {
         if args.components_only {
-            None
+            Vec::new()
         } else {
-            Some(health::engine(cfg).await)
+            health::engines(cfg).await
         }
     };
     let (report, engine_row, observation) =

@@ -6,8 +6,9 @@
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use seckill_engine::{
-    Advice, BacklogRow, ClientRuntime, Config, Drain, Level, Observation, Observer, PendingRow,
-    PgView, PoolRow, RATE_SPAN, ScaleInputs, ServerRow, Source, SourceError, Watch,
+    Advice, BacklogRow, ClientRuntime, Config, Drain, EngineRow, Level, Observation, Observer,
+    PendingRow, PgView, PoolRow, RATE_SPAN, ScaleInputs, Seen, ServerRow, Source, SourceError,
+    Watch,
 };
 use serde::Serialize;
 use std::io::Write;
@@ -21,6 +22,71 @@ pub struct WindowArgs {
     window: Duration,
     #[arg(long, short, value_enum, default_value_t)]
     output: OutputFormat,
+}
+
+/// `--by-engine`: one line per engine daemon under the table. The JSON
+/// always carries them (`engines`), and a dead or unreachable daemon is
+/// always listed: it is a finding (docs/architecture.md §14.3).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct ByEngine {
+    /// Also list each engine daemon's part (always in the JSON)
+    #[arg(long)]
+    by_engine: bool,
+}
+
+/// One engine's line: what it carries, or why it is missing.
+pub fn engine_line(e: &EngineRow) -> String {
+    let name = e.id.as_deref().unwrap_or(&e.url);
+    let roles = if e.roles.is_empty() {
+        String::new()
+    } else {
+        let r: Vec<&str> = e.roles.iter().map(|r| r.as_str()).collect();
+        format!(" [{}]", r.join(", "))
+    };
+    let ago =
+        |ms: Option<i64>| ms.map_or("?".into(), |ms| format!("{:.1} s ago", ms as f64 / 1000.0));
+    match e.seen {
+        Seen::Answered => format!(
+            "engine {name} ({}) live: inflight {}, orders {}, pool {}/{}, pool wait p95 {:.1} ms, order tx p99 {:.1} ms, circuit {}, admission {}{roles}",
+            e.url,
+            e.inflight.unwrap_or(0),
+            e.orders_created.unwrap_or(0),
+            e.pool_in_use.unwrap_or(0),
+            e.pool_max.unwrap_or(0),
+            e.pool_wait_p95_ms.unwrap_or(0.0),
+            e.order_tx_p99_ms.unwrap_or(0.0),
+            e.send_circuit.as_deref().unwrap_or("-"),
+            if e.admitting.unwrap_or(true) {
+                "open"
+            } else {
+                "CLOSED"
+            },
+        ),
+        Seen::Unreachable => format!(
+            "engine {name} UNREACHABLE: {}{roles}",
+            e.error.as_deref().unwrap_or("no answer")
+        ),
+        Seen::Silent => format!(
+            "engine {name} ({}) DEAD, silent since {}: runbooks/engine-dead.md{roles}",
+            e.url,
+            ago(e.heartbeat_age_ms)
+        ),
+        Seen::Stopped => format!("engine {name} ({}) stopped cleanly", e.url),
+    }
+}
+
+/// The lines for `engines`: every one with `all`, else the findings only
+/// (dead or unreachable daemons while others answer).
+pub fn engine_lines(engines: &[EngineRow], all: bool) -> Vec<String> {
+    engines
+        .iter()
+        .filter(|e| all || matches!(e.seen, Seen::Silent | Seen::Unreachable))
+        // With no engine answering, the sample's own error says so once.
+        .filter(|e| {
+            all || e.seen != Seen::Unreachable || engines.iter().any(|o| o.seen == Seen::Answered)
+        })
+        .map(engine_line)
+        .collect()
 }
 
 /// Like [`WindowArgs`], for consumer rates: the broker learns consumed
@@ -49,6 +115,8 @@ pub struct BacklogArgs {
     #[arg(long)]
     by_broker: bool,
     #[command(flatten)]
+    e: ByEngine,
+    #[command(flatten)]
     w: RateWindowArgs,
 }
 
@@ -66,11 +134,21 @@ pub struct ScaleArgs {
     /// Share of that left to order creation [default: consumer.pg_share]
     #[arg(long)]
     order_share: Option<f64>,
-    /// Engine instances sharing the budget [default: governor.instances]
+    /// Engine instances sharing the budget [default: the registry's live engines, else governor.instances]
     #[arg(long)]
     instances: Option<u32>,
     #[command(flatten)]
+    e: ByEngine,
+    #[command(flatten)]
     w: RateWindowArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PgArgs {
+    #[command(flatten)]
+    e: ByEngine,
+    #[command(flatten)]
+    w: WindowArgs,
 }
 
 /// One observation with rates over `window` (two samples that far apart).
@@ -104,10 +182,14 @@ fn error_lines(errors: &[SourceError]) -> Vec<String> {
 pub struct BacklogReport {
     pub at_ms: i64,
     pub groups: Vec<BacklogRow>,
+    /// Each engine daemon: its in-flight part and state.
+    pub engines: Vec<EngineRow>,
     pub errors: Vec<SourceError>,
     /// `--by-broker`: the table lists each group's brokers too.
     #[serde(skip)]
     pub by_broker: bool,
+    #[serde(skip)]
+    pub by_engine: bool,
 }
 
 impl Tabular for BacklogReport {
@@ -160,6 +242,7 @@ impl Tabular for BacklogReport {
                 }
             }
         }
+        lines.extend(engine_lines(&self.engines, self.by_engine));
         lines.extend(error_lines(&self.errors));
         if self.groups.iter().any(|r| r.verdict != Level::Ok) {
             lines.push("lag over threshold: runbooks/consumer-lag.md; `seckillctl scale advise` for the lever".into());
@@ -182,8 +265,10 @@ fn backlog_report(args: &BacklogArgs, o: &Observation) -> BacklogReport {
             })
             .cloned()
             .collect(),
+        engines: o.engines.clone(),
         errors: o.sample.errors.clone(),
         by_broker: args.by_broker,
+        by_engine: args.e.by_engine,
     }
 }
 
@@ -312,7 +397,12 @@ pub async fn pending(args: WindowArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> 
 pub struct PgReport {
     #[serde(flatten)]
     pub view: PgView,
+    /// Each engine daemon's pool and order transactions (the `engine`
+    /// side above adds them up; its latencies are the worst daemon's).
+    pub engines: Vec<EngineRow>,
     pub errors: Vec<SourceError>,
+    #[serde(skip)]
+    pub by_engine: bool,
 }
 
 impl Tabular for PgReport {
@@ -332,7 +422,9 @@ impl Tabular for PgReport {
     }
 
     fn footer(&self) -> Vec<String> {
-        error_lines(&self.errors)
+        let mut lines = engine_lines(&self.engines, self.by_engine);
+        lines.extend(error_lines(&self.errors));
+        lines
     }
 }
 
@@ -413,10 +505,12 @@ fn autovacuum(on: Option<bool>) -> String {
     }
 }
 
-pub async fn pg(args: WindowArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
-    let o = observe(cfg, rt, args.window).await;
+pub async fn pg(args: PgArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+    let o = observe(cfg, rt, args.w.window).await;
     let report = PgReport {
         view: o.pg,
+        engines: o.engines,
+        by_engine: args.e.by_engine,
         errors: o
             .sample
             .errors
@@ -425,14 +519,17 @@ pub async fn pg(args: WindowArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Resul
             .cloned()
             .collect(),
     };
-    render(&mut std::io::stdout().lock(), args.output, &report)
+    render(&mut std::io::stdout().lock(), args.w.output, &report)
 }
 
 #[derive(Debug, Serialize)]
 pub struct ScaleReport {
     pub inputs: ScaleInputs,
     pub advice: Advice,
+    pub engines: Vec<EngineRow>,
     pub errors: Vec<SourceError>,
+    #[serde(skip)]
+    pub by_engine: bool,
 }
 
 impl Tabular for ScaleReport {
@@ -494,6 +591,20 @@ impl Tabular for ScaleReport {
                     format!("{} — {:?}", a.row, a.action)
                 },
             ),
+            (
+                "engine pools vs max_connections",
+                match a.pools {
+                    None => "unmeasured".into(),
+                    Some(p) if p.fits => format!(
+                        "{} of {} allowed ({} max_connections): fits",
+                        p.pools_max, p.allowed, p.server_max_connections
+                    ),
+                    Some(p) => format!(
+                        "{} > {} allowed ({} max_connections): a full burst is refused connections; lower [pg] max_connections per engine or raise the server's",
+                        p.pools_max, p.allowed, p.server_max_connections
+                    ),
+                },
+            ),
             ("why", a.why.clone()),
             ("do", a.step.clone()),
         ] {
@@ -503,7 +614,9 @@ impl Tabular for ScaleReport {
     }
 
     fn footer(&self) -> Vec<String> {
-        error_lines(&self.errors)
+        let mut lines = engine_lines(&self.engines, self.by_engine);
+        lines.extend(error_lines(&self.errors));
+        lines
     }
 }
 
@@ -528,7 +641,9 @@ pub async fn scale(cmd: ScaleCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resul
     let report = ScaleReport {
         advice: o.advice,
         inputs: o.scale_inputs,
+        engines: o.engines,
         errors: o.sample.errors,
+        by_engine: args.e.by_engine,
     };
     render(&mut std::io::stdout().lock(), args.w.output, &report)
 }

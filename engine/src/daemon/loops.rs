@@ -1,8 +1,12 @@
 //! The daemon's background loops besides the pipeline's own: the sweeps,
-//! the DLQ mirror with its webhook, and the readiness wait for the order
-//! consumer's queues.
+//! the DLQ mirror, the ticket webhook, and the readiness wait for the order
+//! consumer's queues. The sweeps, the mirror and the webhook are elected
+//! singletons (docs/architecture.md §14.4): each pass runs only on the
+//! daemon holding its role's lease.
 
 use crate::config::LifecycleConfig;
+use crate::daemon::singleton::Elected;
+use crate::domain::singleton::Singleton;
 use crate::domain::stats::LifecycleStats;
 use crate::mq::Names;
 use crate::mq::rocket::RocketAdmin;
@@ -14,24 +18,40 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// What the sweeps work on.
+pub(super) struct SweepDeps {
+    pub pool: sqlx::PgPool,
+    pub store: ReservationStore,
+    pub names: Names,
+    pub cfg: LifecycleConfig,
+    pub stats: Arc<LifecycleStats>,
+}
+
 /// The safety nets of docs/architecture.md §8: overdue unpaid orders and stale
 /// compensation tasks, settled by the same code the consumers run.
 pub(super) fn spawn_sweeps(
-    pool: sqlx::PgPool,
-    store: ReservationStore,
-    names: Names,
-    cfg: LifecycleConfig,
-    stats: Arc<LifecycleStats>,
+    deps: SweepDeps,
+    elected: Elected,
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) {
     const LIMIT: i64 = 500;
+    let SweepDeps {
+        pool,
+        store,
+        names,
+        cfg,
+        stats,
+    } = deps;
     tracker.spawn(async move {
         let every = Duration::from_millis(cfg.sweep_interval_ms.max(100));
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(every) => {}
+            }
+            if !elected.holds(Singleton::Sweeps) {
+                continue;
             }
             // Drain while passes come back full: after a large sale the
             // broker's timer may deliver the cancels far too slowly (see
@@ -74,24 +94,27 @@ where
 
 /// The DLQ governor (docs/architecture.md §9.1, §9.2): every
 /// `mirror_interval_ms` it mirrors every seckill group's DLQ into
-/// `dlq_messages` and tickets, routes new tickets to their owners, verifies
-/// what now has its effect, and posts ticket transitions to the webhook.
+/// `dlq_messages` and tickets, routes new tickets to their owners and
+/// verifies what now has its effect.
 pub(super) fn spawn_dlq_governor(
     admin: RocketAdmin,
     pool: sqlx::PgPool,
     names: Names,
     cfg: crate::config::DlqConfig,
+    elected: Elected,
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) {
-    let http = reqwest::Client::new();
     let every = Duration::from_millis(cfg.mirror_interval_ms.max(100));
-    let (owners, webhook) = (cfg.owners, cfg.webhook_url);
+    let owners = cfg.owners;
     tracker.spawn(async move {
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(every) => {}
+            }
+            if !elected.holds(Singleton::DlqMirror) {
+                continue;
             }
             if let Err(e) = crate::dlq::mirror_once(&admin, &pool, &names).await {
                 tracing::warn!(error = %e, "DLQ mirror pass failed; retrying next interval");
@@ -109,13 +132,39 @@ pub(super) fn spawn_dlq_governor(
             if let Err(e) = crate::dlq::verifier::verify_once(&pool, &names).await {
                 tracing::warn!(error = %e, "DLQ verifier pass failed; retrying next interval");
             }
-            if let Some(url) = &webhook
-                && let Err(e) = crate::dlq::webhook::deliver_pending(&pool, &http, url).await
-            {
+        }
+        admin.shutdown().await;
+    });
+}
+
+/// The ticket webhook (docs/architecture.md §9.2): every
+/// `mirror_interval_ms` it posts the ticket transitions not yet delivered.
+/// Without a `[dlq] webhook_url` there is nothing to run.
+pub(super) fn spawn_webhook(
+    pool: sqlx::PgPool,
+    cfg: &crate::config::DlqConfig,
+    elected: Elected,
+    tracker: &TaskTracker,
+    cancel: CancellationToken,
+) {
+    let Some(url) = cfg.webhook_url.clone() else {
+        return;
+    };
+    let http = reqwest::Client::new();
+    let every = Duration::from_millis(cfg.mirror_interval_ms.max(100));
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            if !elected.holds(Singleton::Webhook) {
+                continue;
+            }
+            if let Err(e) = crate::dlq::webhook::deliver_pending(&pool, &http, &url).await {
                 tracing::warn!(error = %e, "ticket webhook pass failed; retrying next interval");
             }
         }
-        admin.shutdown().await;
     });
 }
 

@@ -627,6 +627,8 @@ mod tests {
                 order_share: 0.7,
                 instances: 12,
                 threads_per_instance: 8,
+                pools_max: None,
+                server_max_connections: None,
             },
         })
     }
@@ -688,6 +690,8 @@ mod tests {
                         .collect(),
                 }),
                 engine: None,
+                engines: Vec::new(),
+                roles: Vec::new(),
                 broker_uptime_s: None,
                 redis_lost: vec![],
                 live_engines: None,

@@ -22,6 +22,7 @@ mod ops;
 mod parts;
 mod registry;
 mod restart;
+mod singleton;
 mod state;
 
 use crate::config::Config;
@@ -418,28 +419,49 @@ async fn start_lifecycle(
         .await
 }
 
-/// The DLQ mirror with its webhook (§9.1) and the sweeps that settle
-/// what the broker's timers and the consumers missed (§8).
+/// The DLQ mirror and its webhook (§9.1, §9.2) and the sweeps that settle
+/// what the broker's timers and the consumers missed (§8): each an elected
+/// singleton, run by the one daemon holding its lease (§14.4).
 async fn start_safety_nets(
     ctx: &Ctx<'_>,
     lifecycle: &Arc<LifecycleStats>,
 ) -> Result<(), DaemonError> {
     let cfg = ctx.cfg;
     let admin = RocketAdmin::start(ctx.rt.clone(), &cfg.namesrv_addr, cfg.admin_timeout()).await?;
+    let elected = singleton::spawn(
+        ctx.pool.clone(),
+        ctx.engine_id.to_owned(),
+        Duration::from_millis(cfg.registry.heartbeat_ms.max(100)),
+        Duration::from_millis(cfg.registry.lease_ttl_ms.max(500)),
+        &ctx.tracker,
+        ctx.cancel.clone(),
+    )
+    .await;
     loops::spawn_dlq_governor(
         admin,
         ctx.pool.clone(),
         ctx.names.clone(),
         cfg.dlq.clone(),
+        elected.clone(),
+        &ctx.tracker,
+        ctx.cancel.clone(),
+    );
+    loops::spawn_webhook(
+        ctx.pool.clone(),
+        &cfg.dlq,
+        elected.clone(),
         &ctx.tracker,
         ctx.cancel.clone(),
     );
     loops::spawn_sweeps(
-        ctx.pool.clone(),
-        ctx.store.clone(),
-        ctx.names.clone(),
-        cfg.lifecycle.clone(),
-        lifecycle.clone(),
+        loops::SweepDeps {
+            pool: ctx.pool.clone(),
+            store: ctx.store.clone(),
+            names: ctx.names.clone(),
+            cfg: cfg.lifecycle.clone(),
+            stats: lifecycle.clone(),
+        },
+        elected,
         &ctx.tracker,
         ctx.cancel.clone(),
     );

@@ -106,6 +106,8 @@ mod tests {
                 order_share: 0.5,
                 instances: 1,
                 threads_per_instance: 8,
+                pools_max: None,
+                server_max_connections: None,
             },
         }
     }

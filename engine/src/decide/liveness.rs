@@ -1,8 +1,9 @@
-//! Whether a registered engine daemon is live (docs/architecture.md §14.3).
-//! Pure: the caller passes the heartbeat's age, measured on the database's
-//! clock.
+//! Whether a registered engine daemon is live (docs/architecture.md §14.3),
+//! and whether each elected singleton has a live holder (§14.4). Pure: the
+//! caller passes the heartbeat's age and the lease's validity, measured on
+//! the database's clock.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -37,9 +38,41 @@ pub fn judge(
     }
 }
 
+/// Where an elected singleton stands (docs/architecture.md §14.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoleState {
+    /// A live daemon holds an unexpired lease.
+    Held,
+    /// The lease is unexpired but its holder is dead: it lapses within the
+    /// TTL and a live daemon takes over.
+    HolderDead,
+    /// Nobody holds it: never taken, or lapsed with no live daemon asking.
+    Unowned,
+}
+
+/// `lease` is the role's holder and whether its lease is unexpired, if the
+/// role was ever taken; `live` says whether a daemon id is live.
+pub fn judge_role(lease: Option<(&str, bool)>, live: impl Fn(&str) -> bool) -> RoleState {
+    match lease {
+        Some((holder, true)) if live(holder) => RoleState::Held,
+        Some((_, true)) => RoleState::HolderDead,
+        _ => RoleState::Unowned,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_role_is_held_only_by_a_live_daemon_with_an_unexpired_lease() {
+        let live = |id: &str| id == "a";
+        assert_eq!(judge_role(Some(("a", true)), live), RoleState::Held);
+        assert_eq!(judge_role(Some(("b", true)), live), RoleState::HolderDead);
+        assert_eq!(judge_role(Some(("a", false)), live), RoleState::Unowned);
+        assert_eq!(judge_role(None, live), RoleState::Unowned);
+    }
 
     #[test]
     fn a_daemon_is_live_until_it_stops_or_falls_silent() {

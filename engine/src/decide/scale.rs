@@ -45,6 +45,38 @@ pub struct BudgetInputs {
     pub instances: u32,
     /// What each instance runs now.
     pub threads_per_instance: u32,
+    /// The live engines' PostgreSQL pools, added up (their `[pg]
+    /// max_connections`), when they answered.
+    #[serde(default)]
+    pub pools_max: Option<u32>,
+    /// The server's `max_connections`, when read.
+    #[serde(default)]
+    pub server_max_connections: Option<i64>,
+}
+
+/// Whether every live engine's pool, full, fits in the server's connection
+/// limit with room left for the console, payments and superusers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PoolFit {
+    pub pools_max: u32,
+    pub server_max_connections: i64,
+    /// What the engines may take: [`POOLS_SHARE`] of the server's limit.
+    pub allowed: u32,
+    pub fits: bool,
+}
+
+/// The share of `max_connections` the engines' pools may add up to.
+pub const POOLS_SHARE: f64 = 0.9;
+
+pub fn pool_fit(b: &BudgetInputs) -> Option<PoolFit> {
+    let (pools_max, server) = (b.pools_max?, b.server_max_connections?);
+    let allowed = (server.max(0) as f64 * POOLS_SHARE).floor() as u32;
+    Some(PoolFit {
+        pools_max,
+        server_max_connections: server,
+        allowed,
+        fits: pools_max <= allowed,
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -136,6 +168,8 @@ pub struct Advice {
     /// The concrete step, with the budget numbers.
     pub step: String,
     pub budget: Budget,
+    /// The live engines' pools against the server's connection limit.
+    pub pools: Option<PoolFit>,
 }
 
 /// Pool wait p95 and transaction p99 warnings of docs/architecture.md §11.2.
@@ -252,12 +286,34 @@ pub fn advise(i: &ScaleInputs) -> Advice {
         why,
         step,
         budget: b,
+        pools: pool_fit(&i.budget),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_live_pools_must_fit_the_servers_limit() {
+        let mut b = BudgetInputs {
+            safe_pg_concurrency: 100,
+            order_share: 0.7,
+            instances: 3,
+            threads_per_instance: 8,
+            pools_max: None,
+            server_max_connections: Some(100),
+        };
+        assert_eq!(pool_fit(&b), None, "unmeasured pools say nothing");
+        b.pools_max = Some(3 * 30);
+        let fit = pool_fit(&b).unwrap();
+        assert_eq!((fit.allowed, fit.fits), (90, true));
+        b.pools_max = Some(4 * 30);
+        assert!(
+            !pool_fit(&b).unwrap().fits,
+            "a fourth engine of 30 does not fit in 100"
+        );
+    }
 
     fn calm() -> ScaleInputs {
         ScaleInputs {
@@ -278,6 +334,8 @@ mod tests {
                 order_share: 0.7,
                 instances: 12,
                 threads_per_instance: 8,
+                pools_max: None,
+                server_max_connections: None,
             },
         }
     }

@@ -471,9 +471,183 @@ impl StatsView {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Several daemons as one (docs/architecture.md §14.3): what the console shows
+// when it reads every live engine of the registry.
+// ---------------------------------------------------------------------------
+
+impl Percentiles {
+    /// Two windows as one: the counts add up, and each percentile is the
+    /// worse of the two. Percentiles cannot be added; on-call's question is
+    /// whether any daemon is slow, and the worst one answers it.
+    pub fn worst_of(self, o: Percentiles) -> Percentiles {
+        Percentiles {
+            count: self.count + o.count,
+            p50_ms: self.p50_ms.max(o.p50_ms),
+            p95_ms: self.p95_ms.max(o.p95_ms),
+            p99_ms: self.p99_ms.max(o.p99_ms),
+            p999_ms: self.p999_ms.max(o.p999_ms),
+            max_ms: self.max_ms.max(o.max_ms),
+        }
+    }
+}
+
+impl CircuitView {
+    /// How open: CLOSED < PROBING < OPEN.
+    fn openness(&self) -> u8 {
+        match self.state.as_str() {
+            "CLOSED" => 0,
+            "PROBING" => 1,
+            _ => 2,
+        }
+    }
+}
+
+impl StatsView {
+    /// Every daemon's figures as one: counters, gauges and pools add up,
+    /// latency percentiles are the worst daemon's, the send circuit is the
+    /// most open one's, and admission is open only while every daemon
+    /// admits. `None` when no daemon answered.
+    pub fn merge<'a>(views: impl IntoIterator<Item = &'a StatsView>) -> Option<StatsView> {
+        views.into_iter().cloned().reduce(|a, b| a.plus(b))
+    }
+
+    fn plus(self, o: StatsView) -> StatsView {
+        let (c, d) = (self.consume, o.consume);
+        let (l, m) = (self.lifecycle, o.lifecycle);
+        let (g, h) = (self.governor, o.governor);
+        let circuit = if o.circuit.openness() > self.circuit.openness() {
+            o.circuit.clone()
+        } else {
+            self.circuit.clone()
+        };
+        StatsView {
+            publish_confirmed: self.publish_confirmed + o.publish_confirmed,
+            publish_unknown: self.publish_unknown + o.publish_unknown,
+            publish_definite_failure: self.publish_definite_failure + o.publish_definite_failure,
+            publish_batches: self.publish_batches + o.publish_batches,
+            publish_handed_to_scanner: self.publish_handed_to_scanner + o.publish_handed_to_scanner,
+            scanner_resent: self.scanner_resent + o.scanner_resent,
+            resend: ResendView {
+                confirmed: self.resend.confirmed + o.resend.confirmed,
+                unknown: self.resend.unknown + o.resend.unknown,
+                definite_failure: self.resend.definite_failure + o.resend.definite_failure,
+                expired: self.resend.expired + o.resend.expired,
+            },
+            send_latency: self.send_latency.worst_of(o.send_latency),
+            lifecycle: LifecycleView {
+                outbox_sent: l.outbox_sent + m.outbox_sent,
+                outbox_unknown: l.outbox_unknown + m.outbox_unknown,
+                outbox_failed: l.outbox_failed + m.outbox_failed,
+                canceled: l.canceled + m.canceled,
+                cancel_noop_already_paid: l.cancel_noop_already_paid + m.cancel_noop_already_paid,
+                cancel_noop_already_canceled: l.cancel_noop_already_canceled
+                    + m.cancel_noop_already_canceled,
+                cancel_noop_not_yet_due: l.cancel_noop_not_yet_due + m.cancel_noop_not_yet_due,
+                cancel_noop_unknown_order: l.cancel_noop_unknown_order
+                    + m.cancel_noop_unknown_order,
+                released: l.released + m.released,
+                already_released: l.already_released + m.already_released,
+                orphaned: l.orphaned + m.orphaned,
+                projected: l.projected + m.projected,
+                projection_stale: l.projection_stale + m.projection_stale,
+                sweep_canceled: l.sweep_canceled + m.sweep_canceled,
+                sweep_released: l.sweep_released + m.sweep_released,
+            },
+            consume: ConsumeView {
+                inflight: c.inflight + d.inflight,
+                acked: c.acked + d.acked,
+                retried: c.retried + d.retried,
+                created: c.created + d.created,
+                duplicates: c.duplicates + d.duplicates,
+                duplicate_reservation: c.duplicate_reservation + d.duplicate_reservation,
+                rejected_no_stock: c.rejected_no_stock + d.rejected_no_stock,
+                rejected_duplicate_user: c.rejected_duplicate_user + d.rejected_duplicate_user,
+                rejected_expired: c.rejected_expired + d.rejected_expired,
+                quarantined: c.quarantined + d.quarantined,
+                deadlocks: c.deadlocks + d.deadlocks,
+                serialization_failures: c.serialization_failures + d.serialization_failures,
+                process: c.process.worst_of(d.process),
+                process_sum_s: c.process_sum_s + d.process_sum_s,
+                process_count: c.process_count + d.process_count,
+                tx: c.tx.worst_of(d.tx),
+                tx_sum_s: c.tx_sum_s + d.tx_sum_s,
+                tx_count: c.tx_count + d.tx_count,
+                pool_wait: c.pool_wait.worst_of(d.pool_wait),
+                pool_wait_sum_s: c.pool_wait_sum_s + d.pool_wait_sum_s,
+                pool_wait_count: c.pool_wait_count + d.pool_wait_count,
+            },
+            pool: PoolView {
+                size: self.pool.size + o.pool.size,
+                idle: self.pool.idle + o.pool.idle,
+                max: self.pool.max + o.pool.max,
+            },
+            governor: GovernorView {
+                admission_open: g.admission_open && h.admission_open,
+                admission_reason: g.admission_reason.or(h.admission_reason),
+                admission_trips: g.admission_trips + h.admission_trips,
+                admission_recoveries: g.admission_recoveries + h.admission_recoveries,
+                admission_refused: g.admission_refused + h.admission_refused,
+                limit: g.limit + h.limit,
+                budget: g.budget + h.budget,
+            },
+            circuit: CircuitView {
+                opened: self.circuit.opened + o.circuit.opened,
+                held: self.circuit.held + o.circuit.held,
+                probes: self.circuit.probes + o.circuit.probes,
+                ..circuit
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn view(created: u64, p99: f64, circuit: &str, admitting: bool) -> StatsView {
+        let mut v: StatsView = serde_json::from_value(serde_json::json!({
+            "publish_confirmed": created, "publish_unknown": 1, "publish_definite_failure": 0,
+            "publish_batches": 1, "scanner_resent": 0,
+            "send_latency": {"count": 10, "p50_ms": 1.0, "p99_ms": p99, "p999_ms": p99, "max_ms": p99}
+        }))
+        .unwrap();
+        v.consume.created = created;
+        v.consume.inflight = 2;
+        v.consume.tx.p99_ms = p99;
+        v.pool = PoolView {
+            size: 4,
+            idle: 1,
+            max: 8,
+        };
+        v.circuit.state = circuit.to_owned();
+        v.governor.admission_open = admitting;
+        v
+    }
+
+    #[test]
+    fn daemons_merge_into_sums_and_their_worst() {
+        assert!(StatsView::merge([]).is_none());
+        let a = view(100, 5.0, "CLOSED", true);
+        let b = view(50, 40.0, "OPEN", true);
+        let m = StatsView::merge([&a, &b]).unwrap();
+        assert_eq!(m.consume.created, 150);
+        assert_eq!(m.publish_confirmed, 150);
+        assert_eq!(m.publish_unknown, 2);
+        assert_eq!(m.consume.inflight, 4);
+        assert_eq!(m.consume.tx.p99_ms, 40.0, "the slow daemon shows");
+        assert_eq!(m.send_latency.count, 20);
+        assert_eq!((m.pool.size, m.pool.idle, m.pool.max), (8, 2, 16));
+        assert_eq!(m.circuit.state, "OPEN");
+        assert!(m.governor.admission_open);
+        let c = view(1, 1.0, "PROBING", false);
+        let m = StatsView::merge([&a, &b, &c]).unwrap();
+        assert_eq!(m.circuit.state, "OPEN", "the most open one");
+        assert!(!m.governor.admission_open, "one daemon refusing shows");
+        // One daemon is itself.
+        let one = StatsView::merge([&a]).unwrap();
+        assert_eq!(one.consume.created, 100);
+    }
 
     #[test]
     fn nearest_rank() {

@@ -343,14 +343,136 @@ async fn dlq_alert(cfg: &Config) -> Option<ComponentHealth> {
     ))
 }
 
-/// The engine daemon: its `/readyz` at `cfg.engine_url`. Not part of
-/// [`check`]: the stack is healthy without an engine between sales; the
-/// operator's `health` adds it.
-pub async fn engine(cfg: &Config) -> ComponentHealth {
+/// Every engine daemon (docs/architecture.md §14.3, §14.4): a row per
+/// daemon the console reads (every live one of the registry, or
+/// `--engine-url`'s list), a row per daemon the registry holds as dead,
+/// and a row per elected singleton. Not part of [`check`]: the stack is
+/// healthy without an engine between sales; the operator's `health` adds
+/// them.
+///
+/// One daemon of several not answering, or fallen silent, is a finding
+/// (degraded); only when none answers is the engine down. A daemon that
+/// stopped cleanly is no finding at all: a rolling restart must not page.
+pub async fn engines(cfg: &Config) -> Vec<ComponentHealth> {
+    let limit = cfg.admin_timeout();
+    let registry = within(limit, "PostgreSQL", async {
+        let pool = db::connect_unchecked(cfg).await?;
+        let window = chrono::Duration::from_std(super::DEAD_SHOWN).unwrap_or(chrono::Duration::MAX);
+        let read = crate::ops::engines::with_roles(&pool, &cfg.registry, window).await;
+        pool.close().await;
+        Ok(read?)
+    })
+    .await
+    .ok();
+    let rows = registry.as_ref().map(|(e, _)| e.as_slice());
+    let plan = super::engines::plan(&cfg.engine_urls, rows, &cfg.engine_url);
+    let http = cfg.engine_http();
+    let mut asked = tokio::task::JoinSet::new();
+    for (i, t) in plan.ask.iter().cloned().enumerate() {
+        let (cfg, http) = (cfg.clone(), http.clone());
+        asked.spawn(async move { (i, engine_at(&cfg, &http, &t.url, t.id.as_deref()).await) });
+    }
+    let mut out: Vec<(usize, ComponentHealth)> = Vec::new();
+    while let Some(Ok(one)) = asked.join_next().await {
+        out.push(one);
+    }
+    out.sort_by_key(|(i, _)| *i);
+    let mut out: Vec<ComponentHealth> = out.into_iter().map(|(_, r)| r).collect();
+    if out.iter().any(|r| r.state != HealthState::Down) {
+        for r in out.iter_mut().filter(|r| r.state == HealthState::Down) {
+            r.state = HealthState::Degraded;
+        }
+    }
+    for (t, why) in plan.dead.iter().zip(&plan.dead_because) {
+        out.push(dead_row(t, *why));
+    }
+    if let Some((engines, roles)) = &registry {
+        let live = engines
+            .iter()
+            .filter(|e| e.state == crate::decide::liveness::EngineState::Live)
+            .count();
+        out.extend(roles.iter().filter_map(|r| role_row(r, live, cfg)));
+    }
+    out
+}
+
+/// `engine <id>` when the registry names it, else `engine`.
+fn engine_name(id: Option<&str>) -> String {
+    id.map_or_else(|| "engine".to_owned(), |id| format!("engine {id}"))
+}
+
+/// A daemon the registry holds as dead: a finding when it fell silent,
+/// nothing to act on when it stopped cleanly.
+fn dead_row(t: &super::engines::Target, why: super::engines::Seen) -> ComponentHealth {
+    let ago = t
+        .heartbeat_age_ms
+        .map_or("?".to_owned(), |ms| format!("{:.0} s", ms as f64 / 1000.0));
+    let (state, detail) = match why {
+        super::engines::Seen::Stopped => (
+            HealthState::Up,
+            format!("stopped cleanly {ago} ago; not counted"),
+        ),
+        _ => (
+            HealthState::Degraded,
+            format!(
+                "dead: silent for {ago} (killed, hung, or cut off from PostgreSQL); its queues and pending sends moved to the live daemons; runbook runbooks/engine-dead.md"
+            ),
+        ),
+    };
+    ComponentHealth {
+        component: engine_name(t.id.as_deref()),
+        endpoint: t.url.clone(),
+        version: t.version.clone(),
+        state,
+        latency_ms: 0,
+        detail: Some(detail),
+    }
+}
+
+/// An elected singleton: held by a live daemon, or a finding.
+fn role_row(
+    r: &crate::ops::engines::RoleView,
+    live: usize,
+    cfg: &Config,
+) -> Option<ComponentHealth> {
+    use crate::decide::liveness::RoleState;
+    let (state, detail) = match (r.state, &r.holder) {
+        (RoleState::Held, Some(h)) => (HealthState::Up, format!("run by {h}")),
+        (RoleState::HolderDead, Some(h)) => (
+            HealthState::Degraded,
+            format!(
+                "its holder {h} is dead; a live daemon takes it within [registry] lease_ttl_ms ({} ms); runbook runbooks/singleton-unowned.md",
+                cfg.registry.lease_ttl_ms
+            ),
+        ),
+        // No live daemon: the engine rows say so already.
+        _ if live == 0 => return None,
+        _ => (
+            HealthState::Degraded,
+            format!(
+                "no daemon runs it while {live} are live; runbook runbooks/singleton-unowned.md"
+            ),
+        ),
+    };
+    Some(ComponentHealth {
+        component: format!("singleton {}", r.role),
+        endpoint: "singleton_leases".to_owned(),
+        version: None,
+        state,
+        latency_ms: 0,
+        detail: Some(detail),
+    })
+}
+
+/// One daemon: its `/readyz`, then its send circuit.
+async fn engine_at(
+    cfg: &Config,
+    http: &reqwest::Client,
+    url: &str,
+    id: Option<&str>,
+) -> ComponentHealth {
     let started = Instant::now();
-    let url = cfg.engine_url.clone();
     let result = within(cfg.admin_timeout(), "the engine", async {
-        let http = cfg.engine_http();
         let resp = http
             .get(format!("{url}/readyz"))
             .send()
@@ -396,7 +518,7 @@ pub async fn engine(cfg: &Config) -> ComponentHealth {
         })
     })
     .await;
-    row("engine", &url, started, result)
+    row(&engine_name(id), url, started, result)
 }
 
 /// What an open send circuit means for on-call, or `None` while it is closed.

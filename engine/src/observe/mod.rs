@@ -8,6 +8,7 @@
 //! A source that cannot be read becomes an entry in [`Sample::errors`],
 //! never a failed sample: a down component must not blank the whole screen.
 
+pub mod engines;
 pub mod health;
 pub mod view;
 mod watch;
@@ -192,19 +193,6 @@ pub enum SourceFailure {
         group: String,
         source: crate::mq::rocket::MqError,
     },
-    #[error(
-        "no engine answers at {url} ({source}); start one with `seckillctl engine run` or point --engine-url at it"
-    )]
-    EngineUnreachable { url: String, source: reqwest::Error },
-    #[error("{url}/v1/stats answered {status}")]
-    EngineStatus {
-        url: String,
-        status: reqwest::StatusCode,
-    },
-    #[error(
-        "{url}/v1/stats: unreadable answer ({source}); is it a seckill engine of this version?"
-    )]
-    EngineUnreadable { url: String, source: reqwest::Error },
 }
 
 /// A source's failure as the sample records it (plain data, so samples
@@ -222,8 +210,16 @@ pub struct Sample {
     pub pending: Vec<PendingSample>,
     pub pg: Option<PgServerSample>,
     pub dlq: Option<DlqSample>,
-    /// The running engine's own figures (`/v1/stats`).
+    /// The engines' own figures (`/v1/stats`), every daemon that answered
+    /// as one ([`StatsView::merge`]).
     pub engine: Option<StatsView>,
+    /// Each daemon asked, or known dead from the registry (§14.3).
+    #[serde(default)]
+    pub engines: Vec<engines::EngineSample>,
+    /// The elected singletons and who runs them (§14.4); empty when the
+    /// registry is unreadable.
+    #[serde(default)]
+    pub roles: Vec<crate::ops::engines::RoleView>,
     pub broker_uptime_s: Option<f64>,
     /// Live activities whose Redis state is lost or stale (docs/architecture.md §4.5).
     #[serde(default)]
@@ -357,7 +353,7 @@ impl Observer {
         let at_ms = now_ms();
         let horizon_ms = (self.cfg.alerts.expiry_horizon_s * 1000.0) as i64;
         let limit = self.cfg.admin_timeout();
-        let (groups, pending, pg, dlq, engine, uptime, lost, live) = tokio::join!(
+        let (groups, pending, pg, dlq, registered, uptime, lost) = tokio::join!(
             bounded(
                 limit,
                 groups(
@@ -371,25 +367,46 @@ impl Observer {
             bounded(limit * 2, pending(self.store.as_ref(), at_ms + horizon_ms)),
             bounded(limit, pg_server(self.pool.as_ref())),
             bounded(limit, dlq(self.pool.as_ref())),
-            bounded(
-                limit,
-                engine(
-                    self.read_engine
-                        .then_some((&self.http, &self.cfg.engine_url))
-                )
-            ),
+            async {
+                let registry =
+                    bounded(limit, registry(self.pool.as_ref(), &self.cfg.registry)).await;
+                let asked = match self.read_engine {
+                    true => {
+                        let rows = registry.as_ref().ok().map(|(e, _)| e.as_slice());
+                        let plan = engines::plan(&self.cfg.engine_urls, rows, &self.cfg.engine_url);
+                        engines::read(&self.http, plan).await
+                    }
+                    false => Vec::new(),
+                };
+                (registry, asked)
+            },
             bounded(limit, broker_uptime(self.admin.as_ref(), self.uptime)),
             bounded(limit, redis_lost(self.pool.as_ref(), self.store.as_ref())),
-            bounded(limit, live_engines(self.pool.as_ref(), &self.cfg.registry)),
         );
         let e = &mut errors;
         let groups = take(e, Source::Rocketmq, groups).unwrap_or_default();
         let pending = take(e, Source::Redis, pending).unwrap_or_default();
         let pg = take(e, Source::Postgresql, pg);
         let dlq = take(e, Source::Dlq, dlq);
-        let engine = take(e, Source::Engine, engine).flatten();
+        let (registry, engines) = registered;
+        let (live_engines, roles) = match take(e, Source::Postgresql, registry) {
+            Some((rows, roles)) => (Some(live_count(&rows)), roles),
+            None => (None, Vec::new()),
+        };
+        let answered: Vec<&StatsView> = engines.iter().filter_map(|s| s.stats.as_ref()).collect();
+        let engine = StatsView::merge(answered);
+        // No engine answered at all: the engine figures are missing, and
+        // that is the source's error. One daemon of several not answering
+        // is a finding of its row, not an error of the sample.
+        if engine.is_none()
+            && let Some(why) = engines.iter().find_map(|s| s.error.clone())
+        {
+            e.push(SourceError {
+                source: Source::Engine,
+                error: why,
+            });
+        }
         let redis_lost = take(e, Source::RedisState, lost).unwrap_or_default();
-        let live_engines = take(e, Source::Postgresql, live);
         let broker_uptime_s = take(e, Source::BrokerUptime, uptime).and_then(|(fresh, u)| {
             if fresh {
                 self.uptime = Some((std::time::Instant::now(), u));
@@ -403,6 +420,8 @@ impl Observer {
             pg,
             dlq,
             engine,
+            engines,
+            roles,
             broker_uptime_s,
             redis_lost,
             live_engines,
@@ -585,19 +604,33 @@ async fn redis_lost(
     Ok(rows.into_iter().filter(|r| r.state.refuses()).collect())
 }
 
-async fn live_engines(
+/// The registry's daemons heard from within [`DEAD_SHOWN`], and the
+/// singletons' holders.
+async fn registry(
     pool: Option<&PgPool>,
     cfg: &crate::config::RegistryConfig,
-) -> Result<u32, SourceFailure> {
+) -> Result<
+    (
+        Vec<crate::ops::engines::EngineView>,
+        Vec<crate::ops::engines::RoleView>,
+    ),
+    SourceFailure,
+> {
     let pool = pool.ok_or(DOWN)?;
-    let window =
-        chrono::Duration::milliseconds(i64::try_from(cfg.dead_after_ms).unwrap_or(i64::MAX));
-    let live = crate::ops::engines::list(pool, cfg, window)
-        .await?
+    let window = chrono::Duration::from_std(DEAD_SHOWN).unwrap_or(chrono::Duration::MAX);
+    Ok(crate::ops::engines::with_roles(pool, cfg, window).await?)
+}
+
+/// How long a dead daemon stays in the console's samples: long enough to
+/// read during an incident, short enough that last week's restarts are gone.
+pub const DEAD_SHOWN: Duration = Duration::from_secs(600);
+
+fn live_count(rows: &[crate::ops::engines::EngineView]) -> u32 {
+    let live = rows
         .iter()
         .filter(|e| e.state == crate::decide::liveness::EngineState::Live)
         .count();
-    Ok(u32::try_from(live).unwrap_or(u32::MAX))
+    u32::try_from(live).unwrap_or(u32::MAX)
 }
 
 async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, SourceFailure> {
@@ -621,35 +654,6 @@ async fn dlq(pool: Option<&PgPool>) -> Result<DlqSample, SourceFailure> {
         oldest_dead_age_s: oldest,
         replays: replays.into_iter().map(|(k, v)| (k, v as u64)).collect(),
     })
-}
-
-async fn engine(
-    target: Option<(&reqwest::Client, &String)>,
-) -> Result<Option<StatsView>, SourceFailure> {
-    let Some((http, url)) = target else {
-        return Ok(None);
-    };
-    let resp = http
-        .get(format!("{url}/v1/stats"))
-        .send()
-        .await
-        .map_err(|source| SourceFailure::EngineUnreachable {
-            url: url.clone(),
-            source,
-        })?;
-    if !resp.status().is_success() {
-        return Err(SourceFailure::EngineStatus {
-            url: url.clone(),
-            status: resp.status(),
-        });
-    }
-    resp.json::<StatsView>()
-        .await
-        .map(Some)
-        .map_err(|source| SourceFailure::EngineUnreadable {
-            url: url.clone(),
-            source,
-        })
 }
 
 /// Re-read every minute; in between, the cached uptime plus the time since.

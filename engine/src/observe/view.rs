@@ -200,6 +200,53 @@ pub fn pg(prev: Option<&Sample>, cur: &Sample) -> PgView {
     }
 }
 
+/// One daemon's row (`--by-engine`, the TUI's engines panel).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineRow {
+    pub id: Option<String>,
+    pub url: String,
+    pub version: Option<String>,
+    pub seen: super::engines::Seen,
+    pub roles: Vec<crate::domain::singleton::Singleton>,
+    pub heartbeat_age_ms: Option<i64>,
+    /// Order messages in its handler now.
+    pub inflight: Option<i64>,
+    pub orders_created: Option<u64>,
+    pub pool_in_use: Option<u32>,
+    pub pool_max: Option<u32>,
+    pub pool_wait_p95_ms: Option<f64>,
+    pub order_tx_p99_ms: Option<f64>,
+    pub send_circuit: Option<String>,
+    pub admitting: Option<bool>,
+    pub error: Option<String>,
+}
+
+pub fn engines(cur: &Sample) -> Vec<EngineRow> {
+    cur.engines
+        .iter()
+        .map(|e| {
+            let s = e.stats.as_ref();
+            EngineRow {
+                id: e.id.clone(),
+                url: e.url.clone(),
+                version: e.version.clone(),
+                seen: e.seen,
+                roles: e.roles.clone(),
+                heartbeat_age_ms: e.heartbeat_age_ms,
+                inflight: s.map(|s| s.consume.inflight),
+                orders_created: s.map(|s| s.consume.created),
+                pool_in_use: s.map(|s| s.pool.size.saturating_sub(s.pool.idle)),
+                pool_max: s.map(|s| s.pool.max),
+                pool_wait_p95_ms: s.map(|s| s.consume.pool_wait.p95_ms),
+                order_tx_p99_ms: s.map(|s| s.consume.tx.p99_ms),
+                send_circuit: s.map(|s| s.circuit.state.clone()),
+                admitting: s.map(|s| s.governor.admission_open),
+                error: e.error.clone(),
+            }
+        })
+        .collect()
+}
+
 /// Unconsumed reservations near expiry: in Redis (not yet sent) and in
 /// the order-create backlog (sent, not yet consumed).
 pub fn expiring(s: &Sample) -> u64 {
@@ -325,10 +372,18 @@ pub fn scale_inputs(
                 .filter(|n| *n > 0)
                 .unwrap_or(cfg.governor.instances)
                 .max(1),
+            // Per instance: the busiest daemon's (the merged view adds
+            // the daemons' limits up).
             threads_per_instance: cur
-                .engine
-                .as_ref()
-                .map_or(cfg.consumer_threads(), |e| e.governor.limit),
+                .engines
+                .iter()
+                .filter_map(|e| e.stats.as_ref())
+                .map(|e| e.governor.limit)
+                .max()
+                .or(cur.engine.as_ref().map(|e| e.governor.limit))
+                .unwrap_or(cfg.consumer_threads()),
+            pools_max: cur.engine.as_ref().map(|e| e.pool.max),
+            server_max_connections: cur.pg.as_ref().map(|s| s.max_connections),
         },
     }
 }
@@ -362,6 +417,8 @@ mod tests {
             pg: None,
             dlq: None,
             engine: None,
+            engines: Vec::new(),
+            roles: Vec::new(),
             broker_uptime_s: None,
             redis_lost: vec![],
             live_engines: None,

@@ -6,7 +6,7 @@
 //!
 //! [`RATE_SPAN`]: super::RATE_SPAN
 
-use super::view::{self, BacklogRow, PendingRow, PgView};
+use super::view::{self, BacklogRow, EngineRow, PendingRow, PgView};
 use super::{History, Observer, Sample, Source};
 use crate::config::Config;
 use crate::decide::alerts::{self, Alert};
@@ -24,6 +24,8 @@ pub struct Observation {
     pub backlog: Vec<BacklogRow>,
     pub pending: Vec<PendingRow>,
     pub pg: PgView,
+    /// Each daemon asked or known dead (docs/architecture.md §14.3).
+    pub engines: Vec<EngineRow>,
     pub scale_inputs: ScaleInputs,
     pub advice: Advice,
     pub alerts: Vec<Alert>,
@@ -39,6 +41,7 @@ impl Observation {
         Self {
             backlog,
             pending: view::pending(&cur),
+            engines: view::engines(&cur),
             pg,
             advice: scale::advise(&scale_inputs),
             alerts: alerts::evaluate(&cfg.alerts, &view::alert_inputs(base, &cur)),

@@ -1,12 +1,16 @@
 //! `seckillctl engines`: every engine daemon the registry knows, live or
-//! dead (docs/architecture.md §14.3). Input: the pool and `[registry]`;
-//! output: one [`EngineView`] per daemon, judged on the database's clock.
+//! dead, with the singleton roles each holds (docs/architecture.md §14.3,
+//! §14.4). Input: the pool and `[registry]`; output: one [`EngineView`]
+//! per daemon and one [`RoleView`] per singleton, judged on the database's
+//! clock.
 
 use crate::config::RegistryConfig;
-use crate::decide::liveness::{self, DeadBecause, EngineState};
+use crate::decide::liveness::{self, DeadBecause, EngineState, RoleState};
+use crate::domain::singleton::Singleton;
+use crate::store::leases::{self, LeaseRow};
 use crate::store::registry;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 #[derive(Debug, Clone, Serialize)]
@@ -16,6 +20,8 @@ pub struct EngineView {
     pub version: String,
     pub state: EngineState,
     pub dead_because: Option<DeadBecause>,
+    /// The singletons whose unexpired lease this daemon holds.
+    pub roles: Vec<Singleton>,
     pub hostname: String,
     pub pid: i32,
     pub started_at: DateTime<Utc>,
@@ -24,20 +30,46 @@ pub struct EngineView {
     pub stopped_at: Option<DateTime<Utc>>,
 }
 
+/// One elected singleton: who runs it, and whether that is a live daemon.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoleView {
+    pub role: Singleton,
+    pub state: RoleState,
+    pub holder: Option<String>,
+    pub acquired_at: Option<DateTime<Utc>>,
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Times it changed hands since the table was created.
+    pub handovers: i64,
+}
+
 /// The daemons heard from within `window`, live first, then newest start.
 pub async fn list(
     pool: &PgPool,
     cfg: &RegistryConfig,
     window: chrono::Duration,
 ) -> Result<Vec<EngineView>, sqlx::Error> {
+    let leases = leases::list(pool).await?;
+    Ok(judge(registry::list(pool, window).await?, &leases, cfg))
+}
+
+/// The registry's rows judged live or dead, each with its held roles.
+fn judge(
+    rows: Vec<registry::EngineRow>,
+    leases: &[LeaseRow],
+    cfg: &RegistryConfig,
+) -> Vec<EngineView> {
     let dead_after = i64::try_from(cfg.dead_after_ms).unwrap_or(i64::MAX);
-    let mut views: Vec<EngineView> = registry::list(pool, window)
-        .await?
+    let mut views: Vec<EngineView> = rows
         .into_iter()
         .map(|r| {
             let (state, dead_because) =
                 liveness::judge(r.stopped_at.is_some(), r.heartbeat_age_ms, dead_after);
             EngineView {
+                roles: leases
+                    .iter()
+                    .filter(|l| l.valid && l.holder == r.engine_id)
+                    .map(|l| l.role)
+                    .collect(),
                 id: r.engine_id,
                 address: r.address,
                 version: r.version,
@@ -54,5 +86,40 @@ pub async fn list(
         .collect();
     // Stable: the registry's order (newest start first) within each state.
     views.sort_by_key(|v| v.state != EngineState::Live);
-    Ok(views)
+    views
+}
+
+/// Every singleton, whether taken or not, judged against `engines`.
+pub fn roles_of(leases: &[LeaseRow], engines: &[EngineView]) -> Vec<RoleView> {
+    let live = |id: &str| {
+        engines
+            .iter()
+            .any(|e| e.id == id && e.state == EngineState::Live)
+    };
+    Singleton::ALL
+        .into_iter()
+        .map(|role| {
+            let lease = leases.iter().find(|l| l.role == role);
+            RoleView {
+                role,
+                state: liveness::judge_role(lease.map(|l| (l.holder.as_str(), l.valid)), live),
+                holder: lease.filter(|l| l.valid).map(|l| l.holder.clone()),
+                acquired_at: lease.map(|l| l.acquired_at),
+                expires_at: lease.map(|l| l.expires_at),
+                handovers: lease.map_or(0, |l| l.handovers),
+            }
+        })
+        .collect()
+}
+
+/// The daemons and the singletons in one read.
+pub async fn with_roles(
+    pool: &PgPool,
+    cfg: &RegistryConfig,
+    window: chrono::Duration,
+) -> Result<(Vec<EngineView>, Vec<RoleView>), sqlx::Error> {
+    let leases = leases::list(pool).await?;
+    let engines = judge(registry::list(pool, window).await?, &leases, cfg);
+    let roles = roles_of(&leases, &engines);
+    Ok((engines, roles))
 }

@@ -4,6 +4,7 @@ mod alerts;
 mod backlog;
 mod dlq;
 mod drill;
+mod engines;
 mod header;
 mod help;
 mod pending;
@@ -35,13 +36,18 @@ pub fn render(s: &State, f: &mut Frame) {
     if s.drill.is_some() && !matches!(s.mode, Mode::Normal) {
         drill::render(s, f, body);
     } else {
-        let [top, middle, bottom] = Layout::vertical([
+        let daemons = s.data.as_ref().map_or(0, |d| d.engines.len());
+        let [top, fleet, middle, bottom] = Layout::vertical([
             Constraint::Length(8),
+            Constraint::Length(engines::height(daemons)),
             Constraint::Length(9),
             Constraint::Min(5),
         ])
         .areas(body);
         backlog::render(s, f, top);
+        if daemons > 0 {
+            engines::render(s, f, fleet);
+        }
         let [left, right] =
             Layout::horizontal([Constraint::Percentage(45), Constraint::Percentage(55)])
                 .areas(middle);
