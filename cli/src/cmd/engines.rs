@@ -80,6 +80,10 @@ impl Tabular for EnginesView {
         for r in &self.roles {
             lines.push(match (r.state, &r.holder) {
                 (RoleState::Held, Some(h)) => format!("{}: run by {h} ({} handovers)", r.role, r.handovers),
+                (RoleState::HandingOver, _) => format!(
+                    "{}: being handed over (given back a moment ago; the next heartbeat takes it)",
+                    r.role
+                ),
                 (RoleState::HolderDead, Some(h)) => format!(
                     "{}: its holder {h} is dead; a live daemon takes it once the lease lapses ([registry] lease_ttl_ms)",
                     r.role

@@ -21,6 +21,8 @@ pub enum DrillName {
     PgFailover,
     ScaleToSaturation,
     RedisRestart,
+    RollingRestart,
+    SingletonTakeover,
 }
 
 /// One drill's description.
@@ -40,7 +42,7 @@ pub struct Spec {
 }
 
 impl DrillName {
-    pub const ALL: [DrillName; 14] = [
+    pub const ALL: [DrillName; 16] = [
         DrillName::EngineKill,
         DrillName::ConsumerKill,
         DrillName::BrokerRestart,
@@ -55,6 +57,8 @@ impl DrillName {
         DrillName::PgFailover,
         DrillName::ScaleToSaturation,
         DrillName::RedisRestart,
+        DrillName::RollingRestart,
+        DrillName::SingletonTakeover,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +77,8 @@ impl DrillName {
             DrillName::PgFailover => "pg-failover",
             DrillName::ScaleToSaturation => "scale-to-saturation",
             DrillName::RedisRestart => "redis-restart",
+            DrillName::RollingRestart => "rolling-restart",
+            DrillName::SingletonTakeover => "singleton-takeover",
         }
     }
 
@@ -147,7 +153,7 @@ impl DrillName {
                 None,
                 "two engines share the sale; kill -9 of one mid-burst, never restarted",
                 "the survivor consumes every queue after the rebalance and its scanner takes over the dead one's pending sends",
-                false,
+                true,
                 quiet(45.0),
                 2,
             ),
@@ -211,6 +217,26 @@ impl DrillName {
                 quiet(30.0),
                 1,
             ),
+            DrillName::RollingRestart => (
+                None,
+                "three engines share a sale; each in turn gets SIGTERM, exits, and starts again while the crowd keeps buying; `health` runs throughout",
+                "no order lost, none duplicated; each stop hands its queues and singleton leases over; `health` never goes critical or unreachable",
+                true,
+                quiet(30.0),
+                3,
+            ),
+            DrillName::SingletonTakeover => (
+                None,
+                "two engines; three users' orders are refused (a trigger) and die; once the first is mirrored, kill -9 of the engine holding the dlq-mirror lease",
+                "the survivor takes the dlq-mirror lease within the lease TTL and mirrors every dead message exactly once; the sale finishes",
+                true,
+                Targets {
+                    recovery_s: 45.0,
+                    sends_per_affected: None,
+                    dlq: 3,
+                },
+                2,
+            ),
         };
         Spec {
             name: self,
@@ -240,6 +266,8 @@ impl DrillName {
             DrillName::PgFailover => "playbooks/pg-failover.md",
             DrillName::ScaleToSaturation => "playbooks/scale-to-saturation.md",
             DrillName::RedisRestart => "playbooks/redis-restart.md",
+            DrillName::RollingRestart => "playbooks/rolling-restart.md",
+            DrillName::SingletonTakeover => "playbooks/singleton-takeover.md",
         }
     }
 }

@@ -76,6 +76,11 @@ impl Injected {
 /// early enough to win a unit of stock.
 const POISON_USER: i64 = 70_000_007;
 
+/// The users whose orders the singleton-takeover drill refuses: spread
+/// over the first 1,000 requests, so their deaths reach the DLQ over more
+/// than one mirror pass, and each early enough to win stock.
+const TAKEOVER_POISON: [i64; 3] = [70_000_007, 70_000_507, 70_000_907];
+
 /// The drill's engine settings, in `seckill.toml` form: the defaults,
 /// with few retries so a dead message reaches the DLQ within the drill.
 fn engine_toml(name: DrillName) -> String {
@@ -105,6 +110,11 @@ fn sale_plan(name: DrillName) -> SalePlan {
         },
         DrillName::CancelEarlyLate => SalePlan {
             pay_within_ms: 10_000,
+            ..SalePlan::default()
+        },
+        // Slow enough that the three restarts land while the crowd buys.
+        DrillName::RollingRestart => SalePlan {
+            rate: 100,
             ..SalePlan::default()
         },
         _ => SalePlan::default(),
@@ -179,8 +189,12 @@ async fn drive(
     for i in 0..name.spec().engines {
         stage.start_engine(i).await?;
     }
-    if matches!(name, DrillName::Poison | DrillName::DlqReplayTwice) {
-        install_poison(stage).await?;
+    match name {
+        DrillName::Poison | DrillName::DlqReplayTwice => {
+            install_poison(stage, &[POISON_USER]).await?
+        }
+        DrillName::SingletonTakeover => install_poison(stage, &TAKEOVER_POISON).await?,
+        _ => {}
     }
     let crowd = stage.start_crowd();
     let injected = inject(name, world, stage, &crowd, pg).await?;
@@ -197,6 +211,10 @@ async fn drive(
         .await?;
     let recovery_s = quiet.map(|at| at.saturating_duration_since(injected.healed).as_secs_f64());
     let mut injected = injected;
+    if name == DrillName::SingletonTakeover {
+        // Quiet came first; the refused orders die after their retries.
+        mirrored_once(stage, &mut injected).await?;
+    }
     if name == DrillName::Poison {
         // Quiet came first (every other order made); the poison itself
         // reaches the DLQ after its retries.
@@ -339,6 +357,11 @@ async fn inject(
         DrillName::CancelEarlyLate => {
             let (began, notes) = Injected::begin();
             Ok(Injected::healed_now(began, notes))
+        }
+        DrillName::RollingRestart => rolling_restart(stage, crowd).await,
+        DrillName::SingletonTakeover => {
+            crowd.until_sent(users).await;
+            singleton_takeover(stage).await
         }
         DrillName::PgFailover => {
             let pg = pg.context("the failover drill runs on its own PostgreSQL")?;
@@ -497,11 +520,13 @@ async fn restore(stage: &Stage) -> Result<(u64, String)> {
 }
 
 /// A trigger in the drill's own database that refuses [`POISON_USER`]'s order.
-async fn install_poison(stage: &Stage) -> Result<()> {
+async fn install_poison(stage: &Stage, users: &[i64]) -> Result<()> {
+    let users: Vec<String> = users.iter().map(i64::to_string).collect();
+    let users = users.join(", ");
     sqlx::raw_sql(&format!(
         "CREATE FUNCTION drill_poison() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-           IF NEW.user_id = {POISON_USER} THEN
+           IF NEW.user_id IN ({users}) THEN
              RAISE EXCEPTION 'drill poison: the order of user % is refused', NEW.user_id;
            END IF;
            RETURN NEW;
@@ -567,7 +592,11 @@ async fn during_outage(stage: &Stage) -> Result<String> {
         .as_array()
         .into_iter()
         .flatten()
-        .find(|c| c["component"] == "engine")
+        .find(|c| {
+            c["component"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("engine"))
+        })
         .and_then(|c| c["detail"].as_str())
         .map_or("no circuit detail", |d| d.split(':').next().unwrap_or(d))
         .to_owned();
@@ -638,6 +667,289 @@ async fn wait_dead_message(stage: &Stage, limit: Duration) -> Result<String> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Each engine in turn: SIGTERM, wait for its exit, start it again, while
+/// the crowd buys and `health` runs against whichever engines the registry
+/// holds live (docs/architecture.md §14.4, "Rolling restart"). The health
+/// watch starts a moment before the first restart, so the report can set
+/// the restarts against the same sale without them.
+async fn rolling_restart(stage: &mut Stage, crowd: &Crowd) -> Result<Injected> {
+    let users = stage.plan.users;
+    let n = stage.engines.len() as u64;
+    let restarting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = tokio::spawn({
+        let (runner, stop, restarting) = (stage.runner(), stop.clone(), restarting.clone());
+        async move {
+            let mut runs: Vec<HealthRun> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let during = restarting.load(std::sync::atomic::Ordering::Relaxed);
+                let (code, out) = runner
+                    .on_registry(&["health", "--window", "500ms", "-o", "json"])
+                    .await?;
+                runs.push(HealthRun::read(during, code, json_part(&out)));
+                // One run a second: on-call's cadence, and the box's two
+                // cores stay with the sale.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            anyhow::Ok(runs)
+        }
+    });
+    crowd.until_sent(users / (n + 2)).await;
+    let (began, mut notes) = Injected::begin();
+    restarting.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut unmet = Vec::new();
+    for i in 0..stage.engines.len() {
+        // Spread over the sale: engine i goes once (i + 1) / (n + 2) of
+        // the crowd has bought, so each restart lands under load.
+        crowd.until_sent(users * (i as u64 + 1) / (n + 2)).await;
+        let started = Instant::now();
+        let Some((pid, clean)) = stage.stop_engine(i, Duration::from_secs(30)).await else {
+            continue;
+        };
+        let stopped_s = started.elapsed().as_secs_f64();
+        if !clean {
+            unmet.push(format!(
+                "engine {i} (pid {pid}) did not exit within 30 s of SIGTERM"
+            ));
+        }
+        stage.start_engine(i).await?;
+        notes.push(format!(
+            "engine {i} (pid {pid}): SIGTERM, exited after {stopped_s:.1} s, ready again after {:.1} s",
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    // One more health run after the last restart is ready.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let runs = watch.await.context("the health watch")??;
+    let (said, failed) = judge_restart(&runs);
+    notes.extend(said);
+    unmet.extend(failed);
+    Ok(Injected {
+        unmet,
+        ..Injected::killed(Injected::healed_now(began, notes))
+    })
+}
+
+/// One `health --output json` of the rolling-restart drill.
+#[derive(Debug, Clone, PartialEq)]
+struct HealthRun {
+    /// Taken while a restart was under way (else: before the first).
+    during: bool,
+    code: i32,
+    /// Rows DOWN, and critical alerts other than the consumer lag.
+    broken: Vec<String>,
+    /// The worst group's lag, when the alert had data.
+    lag_s: Option<f64>,
+    lag_critical: bool,
+}
+
+impl HealthRun {
+    fn read(during: bool, code: i32, json: &str) -> Self {
+        let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+        let rows = v["components"].as_array().into_iter().flatten();
+        let alerts: Vec<&serde_json::Value> =
+            v["alerts"].as_array().into_iter().flatten().collect();
+        let lag = alerts
+            .iter()
+            .find(|a| a["metric"] == "mq_consumer_lag_seconds");
+        let mut broken: Vec<String> = rows
+            .filter(|c| c["state"] == "DOWN")
+            .map(|c| {
+                format!(
+                    "{} DOWN: {}",
+                    c["component"].as_str().unwrap_or("?"),
+                    c["detail"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        broken.extend(
+            alerts
+                .iter()
+                .filter(|a| a["state"] == "CRITICAL" && a["metric"] != "mq_consumer_lag_seconds")
+                .map(|a| {
+                    format!(
+                        "alert {} CRITICAL ({})",
+                        a["metric"].as_str().unwrap_or("?"),
+                        a["shown"].as_str().unwrap_or("?")
+                    )
+                }),
+        );
+        if v.is_null() {
+            broken.push(format!("unreadable health output: {json:.200}"));
+        }
+        HealthRun {
+            during,
+            code,
+            broken,
+            lag_s: lag.and_then(|a| a["value"].as_f64()),
+            lag_critical: lag.is_some_and(|a| a["state"] == "CRITICAL"),
+        }
+    }
+}
+
+/// The rolling restart's health verdict: its notes, and what failed. A
+/// restart done one daemon at a time must leave no component down, no
+/// daemon unreachable (exit 3) and no critical alert; the consumer-lag
+/// alert is reported apart, against its peak before the restarts: each
+/// restart moves queues between daemons twice, and on rocketmq-client-rust
+/// 1.0.0 a queue's new owner pulls 500 ms after the rebalance, on top of
+/// the 1 s offset commit the lag is measured through (docs/architecture.md
+/// §14.4, "Rolling restart").
+fn judge_restart(runs: &[HealthRun]) -> (Vec<String>, Vec<String>) {
+    let (before, during): (Vec<&HealthRun>, Vec<&HealthRun>) = runs.iter().partition(|r| !r.during);
+    let peak = |rs: &[&HealthRun]| {
+        rs.iter()
+            .filter_map(|r| r.lag_s)
+            .fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l))))
+    };
+    let secs = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} s"));
+    let codes: Vec<i32> = during.iter().map(|r| r.code).collect();
+    let lag_critical = during.iter().filter(|r| r.lag_critical).count();
+    let mut notes = vec![format!(
+        "{} health runs during the restarts, exit codes {codes:?}; worst consumer lag {} (before the restarts: {} over {} runs); lag alert critical in {lag_critical} of them",
+        during.len(),
+        secs(peak(&during)),
+        secs(peak(&before)),
+        before.len()
+    )];
+    let mut failed = Vec::new();
+    if during.is_empty() {
+        failed.push("no health run finished during the restarts".to_owned());
+    }
+    for r in &during {
+        if r.code == 3 {
+            failed.push(format!(
+                "health exited 3 (unreachable) during the rolling restart: {}",
+                r.broken.join("; ")
+            ));
+        } else if !r.broken.is_empty() {
+            failed.push(format!(
+                "health exited {} during the rolling restart: {}",
+                r.code,
+                r.broken.join("; ")
+            ));
+        }
+    }
+    if lag_critical > 0 {
+        notes.push(
+            "the consumer-lag alert's critical is a rebalance cost, not a lost order: see the rolling-restart playbook".to_owned(),
+        );
+    }
+    (notes, failed)
+}
+
+/// Once the first dead message is mirrored, kill -9 of the engine holding
+/// the dlq-mirror lease; the survivor must take it within the lease TTL
+/// (docs/architecture.md §14.4).
+async fn singleton_takeover(stage: &mut Stage) -> Result<Injected> {
+    wait_dead_message(stage, Duration::from_secs(150)).await?;
+    let (began, mut notes) = Injected::begin();
+    let holder = mirror_holder(stage)
+        .await?
+        .context("nobody holds the dlq-mirror lease, yet a dead message was mirrored")?;
+    let i = stage.engine_with_id(&holder).await?.with_context(|| {
+        format!("the dlq-mirror holder {holder} is none of the drill's engines")
+    })?;
+    let mirrored: i64 = sqlx::query_scalar("SELECT count(*) FROM dlq_messages")
+        .fetch_one(&stage.pool)
+        .await?;
+    let pid = stage.kill_engine(i).await.unwrap_or(0);
+    let killed = Instant::now();
+    notes.push(format!(
+        "engine {i} (pid {pid}, {holder}) held the dlq-mirror lease; killed with {mirrored} of {} dead messages mirrored",
+        TAKEOVER_POISON.len()
+    ));
+    let ttl = Duration::from_millis(stage.cfg.registry.lease_ttl_ms);
+    let limit = ttl + Duration::from_secs(5);
+    let mut unmet = Vec::new();
+    loop {
+        match mirror_holder(stage).await? {
+            Some(h) if h != holder => {
+                notes.push(format!(
+                    "{h} took the dlq-mirror lease {:.1} s after the kill (lease TTL {:.0} s)",
+                    killed.elapsed().as_secs_f64(),
+                    ttl.as_secs_f64()
+                ));
+                break;
+            }
+            _ if killed.elapsed() > limit => {
+                unmet.push(format!(
+                    "no live engine took the dlq-mirror lease within {limit:?} of its holder's death"
+                ));
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    Ok(Injected {
+        dead: TAKEOVER_POISON.len() as u64,
+        unmet,
+        ..Injected::killed(Injected::healed_now(began, notes))
+    })
+}
+
+/// The dlq-mirror lease's holder while it is unexpired.
+async fn mirror_holder(stage: &Stage) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT holder FROM singleton_leases WHERE role = 'dlq-mirror' AND expires_at >= now()",
+    )
+    .fetch_optional(&stage.pool)
+    .await?)
+}
+
+/// Every refused order reached the DLQ, and every message of the broker's
+/// DLQ was mirrored exactly once, by whichever daemon held the mirror then.
+async fn mirrored_once(stage: &Stage, injected: &mut Injected) -> Result<()> {
+    let poisoned: Vec<String> = TAKEOVER_POISON.iter().map(i64::to_string).collect();
+    let started = Instant::now();
+    // The refused users' messages, mirrored (their bodies name the user).
+    let users = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(DISTINCT convert_from(body, 'UTF8')::jsonb ->> 'user_id')
+             FROM dlq_messages WHERE convert_from(body, 'UTF8')::jsonb ->> 'user_id' = ANY($1)",
+        )
+        .bind(&poisoned)
+        .fetch_one(&stage.pool)
+        .await
+    };
+    while users().await? < poisoned.len() as i64 && started.elapsed() < Duration::from_secs(150) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Then every stored dead message has its row: batch-mates of a refused
+    // order may die beside it (their effect applied all the same).
+    let (stored, rows, places) = loop {
+        let (_, stored) = stage.stored(TopicKind::OrderCreate).await?;
+        let (rows, places): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(DISTINCT (dlq_broker, dlq_queue_id, dlq_queue_offset))
+             FROM dlq_messages",
+        )
+        .fetch_one(&stage.pool)
+        .await?;
+        if rows >= stored || started.elapsed() > Duration::from_secs(170) {
+            break (stored, rows, places);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let refused = users().await?;
+    injected.notes.push(format!(
+        "{stored} dead message(s) in the broker's DLQ, {rows} mirrored from {places} DLQ position(s); {refused} of {} refused users among them",
+        poisoned.len()
+    ));
+    if refused != poisoned.len() as i64 {
+        injected.unmet.push(format!(
+            "{refused} of the {} refused users' messages reached the mirror",
+            poisoned.len()
+        ));
+    }
+    if rows != stored || places != stored {
+        injected.unmet.push(format!(
+            "each dead message mirrored once: the broker's DLQ holds {stored}, the mirror {rows} row(s) from {places} position(s)"
+        ));
+    }
+    Ok(())
 }
 
 /// Row #7 of docs/architecture.md §13.5: the drill only proves something if some reservations
@@ -750,4 +1062,63 @@ async fn figures(
         notes: injected.notes.clone(),
         unmet: injected.unmet.clone(),
     })
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use super::*;
+
+    fn run(during: bool, code: i32, lag: f64, broken: &[&str]) -> HealthRun {
+        HealthRun {
+            during,
+            code,
+            broken: broken.iter().map(|b| (*b).to_owned()).collect(),
+            lag_s: Some(lag),
+            lag_critical: lag > 2.5,
+        }
+    }
+
+    #[test]
+    fn a_restart_fails_on_a_down_row_or_another_critical_and_reports_the_lag_apart() {
+        let calm = [
+            run(false, 1, 1.4, &[]),
+            run(true, 1, 2.0, &[]),
+            run(true, 2, 3.1, &[]),
+        ];
+        let (notes, failed) = judge_restart(&calm);
+        assert!(failed.is_empty(), "{failed:?}");
+        assert!(
+            notes[0].contains("worst consumer lag 3.1 s (before the restarts: 1.4 s"),
+            "{notes:?}"
+        );
+        assert!(notes[0].contains("critical in 1"), "{notes:?}");
+
+        let down = [run(true, 3, 1.0, &["engine DOWN: no engine answers"])];
+        let (_, failed) = judge_restart(&down);
+        assert_eq!(failed.len(), 1);
+        assert!(failed[0].contains("unreachable"), "{failed:?}");
+
+        let tx = [run(
+            true,
+            2,
+            1.0,
+            &["alert order_tx_latency_seconds_p99 CRITICAL (1.2 s)"],
+        )];
+        assert_eq!(judge_restart(&tx).1.len(), 1);
+
+        // Runs only before the restarts prove nothing.
+        assert_eq!(judge_restart(&[run(false, 0, 0.2, &[])]).1.len(), 1);
+    }
+
+    #[test]
+    fn health_output_is_read_into_its_parts() {
+        let json = r#"{"components":[{"component":"engine e1","state":"UP"},{"component":"redis","state":"DOWN","detail":"refused"}],
+            "alerts":[{"metric":"mq_consumer_lag_seconds","state":"CRITICAL","value":2.9,"shown":"2.9 s"},
+                      {"metric":"pg_pool_wait_seconds_p95","state":"CRITICAL","shown":"120 ms"}]}"#;
+        let r = HealthRun::read(true, 3, json);
+        assert_eq!(r.lag_s, Some(2.9));
+        assert!(r.lag_critical);
+        assert_eq!(r.broken.len(), 2, "{:?}", r.broken);
+        assert!(HealthRun::read(true, 3, "not json").broken[0].contains("unreadable"));
+    }
 }

@@ -21,6 +21,46 @@ use std::time::{Duration, Instant};
 use tokio::process::Command;
 use tokio::task::JoinHandle;
 
+/// `seckillctl` pointed at one drill's servers, database and prefixes.
+#[derive(Clone)]
+pub struct Runner {
+    conf: PathBuf,
+    database_url: SecretString,
+    redis_url: SecretString,
+    namesrv_addr: String,
+    topic_prefix: String,
+    token: SecretString,
+}
+
+impl Runner {
+    /// Flags, so they win over any `SECKILL_*` variable the caller has.
+    fn command(&self) -> Result<Command> {
+        let exe = std::env::current_exe().context("find the seckillctl binary")?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("--config")
+            .arg(&self.conf)
+            .arg("--database-url")
+            .arg(self.database_url.expose_secret())
+            .arg("--redis-url")
+            .arg(self.redis_url.expose_secret())
+            .arg("--namesrv-addr")
+            .arg(&self.namesrv_addr)
+            .arg("--topic-prefix")
+            .arg(&self.topic_prefix)
+            .env(crate::settings::ENV_TOKEN, self.token.expose_secret());
+        Ok(cmd)
+    }
+
+    /// `seckillctl ARGS…` reading whichever engines the registry holds
+    /// live, as on-call's console does with several daemons
+    /// (docs/architecture.md §14.3); its exit code and its output.
+    pub async fn on_registry(&self, args: &[&str]) -> Result<(i32, String)> {
+        let mut cmd = self.command()?;
+        cmd.env_remove(crate::settings::ENV_ENGINE_URL);
+        Stage::output(cmd, args).await
+    }
+}
+
 /// The shape of a drill's sale.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SalePlan {
@@ -192,22 +232,21 @@ impl Stage {
     }
 
     /// This binary, pointed at the drill's servers, database and prefixes.
-    /// Flags, so they win over any `SECKILL_*` variable the caller has.
     fn command(&self) -> Result<Command> {
-        let exe = std::env::current_exe().context("find the seckillctl binary")?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("--config")
-            .arg(&self.conf)
-            .arg("--database-url")
-            .arg(self.cfg.database_url.expose_secret())
-            .arg("--redis-url")
-            .arg(self.cfg.redis_url.expose_secret())
-            .arg("--namesrv-addr")
-            .arg(&self.cfg.namesrv_addr)
-            .arg("--topic-prefix")
-            .arg(&self.cfg.topic_prefix)
-            .env(crate::settings::ENV_TOKEN, self.token.expose_secret());
-        Ok(cmd)
+        self.runner().command()
+    }
+
+    /// What runs `seckillctl` against this drill's servers, apart from the
+    /// stage, so a task can run it while the stage restarts engines.
+    pub fn runner(&self) -> Runner {
+        Runner {
+            conf: self.conf.clone(),
+            database_url: self.cfg.database_url.clone(),
+            redis_url: self.cfg.redis_url.clone(),
+            namesrv_addr: self.cfg.namesrv_addr.clone(),
+            topic_prefix: self.cfg.topic_prefix.clone(),
+            token: self.token.clone(),
+        }
     }
 
     /// Starts engine number `i` (again), and waits until `/readyz` answers.
@@ -266,6 +305,30 @@ impl Stage {
         pids
     }
 
+    /// SIGTERM to engine `i`, SIGKILL after `grace`: one step of a
+    /// rolling restart. Its pid and whether it exited within `grace`.
+    pub async fn stop_engine(&mut self, i: usize, grace: Duration) -> Option<(u32, bool)> {
+        let mut e = self.engines.get_mut(i).and_then(Option::take)?;
+        let started = Instant::now();
+        e.proc.stop(grace).await;
+        Some((e.proc.pid(), started.elapsed() < grace))
+    }
+
+    /// The index of the running engine whose registry id is `id` (found by
+    /// the pid the registry recorded).
+    pub async fn engine_with_id(&self, id: &str) -> Result<Option<usize>> {
+        let pid: Option<i32> =
+            sqlx::query_scalar("SELECT pid FROM engine_instances WHERE engine_id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(pid.and_then(|pid| {
+            self.engines
+                .iter()
+                .position(|e| e.as_ref().is_some_and(|e| e.proc.pid() as i32 == pid))
+        }))
+    }
+
     /// Sends `sig` to engine `i`.
     pub fn signal_engine(&mut self, i: usize, sig: Signal) {
         if let Some(e) = self.engines.get_mut(i).and_then(Option::as_mut) {
@@ -282,6 +345,10 @@ impl Stage {
         if let Some(url) = self.engine_urls().into_iter().next() {
             cmd.env(crate::settings::ENV_ENGINE_URL, url);
         }
+        Self::output(cmd, args).await
+    }
+
+    async fn output(mut cmd: Command, args: &[&str]) -> Result<(i32, String)> {
         let out = cmd.args(args).output().await.context("run seckillctl")?;
         let text = format!(
             "{}{}",

@@ -47,16 +47,34 @@ pub enum RoleState {
     /// The lease is unexpired but its holder is dead: it lapses within the
     /// TTL and a live daemon takes over.
     HolderDead,
+    /// Its lease lapsed less than a lease TTL ago (a clean stop gives it
+    /// back at once): a live daemon takes it on its next heartbeat.
+    HandingOver,
     /// Nobody holds it: never taken, or lapsed with no live daemon asking.
     Unowned,
 }
 
-/// `lease` is the role's holder and whether its lease is unexpired, if the
-/// role was ever taken; `live` says whether a daemon id is live.
-pub fn judge_role(lease: Option<(&str, bool)>, live: impl Fn(&str) -> bool) -> RoleState {
+/// A role's lease as [`judge_role`] reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseFacts<'a> {
+    pub holder: &'a str,
+    /// Unexpired on the database's clock.
+    pub valid: bool,
+    /// Since it expired (negative while valid).
+    pub expired_ms: i64,
+}
+
+/// `lease` is the role's lease, if it was ever taken; `live` says whether
+/// a daemon id is live; `ttl_ms` is `[registry] lease_ttl_ms`.
+pub fn judge_role(
+    lease: Option<LeaseFacts<'_>>,
+    live: impl Fn(&str) -> bool,
+    ttl_ms: i64,
+) -> RoleState {
     match lease {
-        Some((holder, true)) if live(holder) => RoleState::Held,
-        Some((_, true)) => RoleState::HolderDead,
+        Some(l) if l.valid && live(l.holder) => RoleState::Held,
+        Some(l) if l.valid => RoleState::HolderDead,
+        Some(l) if l.expired_ms <= ttl_ms => RoleState::HandingOver,
         _ => RoleState::Unowned,
     }
 }
@@ -68,10 +86,31 @@ mod tests {
     #[test]
     fn a_role_is_held_only_by_a_live_daemon_with_an_unexpired_lease() {
         let live = |id: &str| id == "a";
-        assert_eq!(judge_role(Some(("a", true)), live), RoleState::Held);
-        assert_eq!(judge_role(Some(("b", true)), live), RoleState::HolderDead);
-        assert_eq!(judge_role(Some(("a", false)), live), RoleState::Unowned);
-        assert_eq!(judge_role(None, live), RoleState::Unowned);
+        let lease = |holder, valid, expired_ms| {
+            Some(LeaseFacts {
+                holder,
+                valid,
+                expired_ms,
+            })
+        };
+        assert_eq!(
+            judge_role(lease("a", true, -3_000), live, 5_000),
+            RoleState::Held
+        );
+        assert_eq!(
+            judge_role(lease("b", true, -3_000), live, 5_000),
+            RoleState::HolderDead
+        );
+        // Given back a moment ago: the next heartbeat takes it.
+        assert_eq!(
+            judge_role(lease("a", false, 1_000), live, 5_000),
+            RoleState::HandingOver
+        );
+        assert_eq!(
+            judge_role(lease("a", false, 60_000), live, 5_000),
+            RoleState::Unowned
+        );
+        assert_eq!(judge_role(None, live, 5_000), RoleState::Unowned);
     }
 
     #[test]

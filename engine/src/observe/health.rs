@@ -438,6 +438,11 @@ fn role_row(
     use crate::decide::liveness::RoleState;
     let (state, detail) = match (r.state, &r.holder) {
         (RoleState::Held, Some(h)) => (HealthState::Up, format!("run by {h}")),
+        (RoleState::HandingOver, _) => (
+            HealthState::Up,
+            "handed over: its holder gave it back; a live daemon takes it on its next heartbeat"
+                .to_owned(),
+        ),
         (RoleState::HolderDead, Some(h)) => (
             HealthState::Degraded,
             format!(

@@ -5,7 +5,7 @@
 //! clock.
 
 use crate::config::RegistryConfig;
-use crate::decide::liveness::{self, DeadBecause, EngineState, RoleState};
+use crate::decide::liveness::{self, DeadBecause, EngineState, LeaseFacts, RoleState};
 use crate::domain::singleton::Singleton;
 use crate::store::leases::{self, LeaseRow};
 use crate::store::registry;
@@ -90,7 +90,7 @@ fn judge(
 }
 
 /// Every singleton, whether taken or not, judged against `engines`.
-pub fn roles_of(leases: &[LeaseRow], engines: &[EngineView]) -> Vec<RoleView> {
+pub fn roles_of(leases: &[LeaseRow], engines: &[EngineView], ttl_ms: i64) -> Vec<RoleView> {
     let live = |id: &str| {
         engines
             .iter()
@@ -102,7 +102,15 @@ pub fn roles_of(leases: &[LeaseRow], engines: &[EngineView]) -> Vec<RoleView> {
             let lease = leases.iter().find(|l| l.role == role);
             RoleView {
                 role,
-                state: liveness::judge_role(lease.map(|l| (l.holder.as_str(), l.valid)), live),
+                state: liveness::judge_role(
+                    lease.map(|l| LeaseFacts {
+                        holder: &l.holder,
+                        valid: l.valid,
+                        expired_ms: l.expired_ms,
+                    }),
+                    live,
+                    ttl_ms,
+                ),
                 holder: lease.filter(|l| l.valid).map(|l| l.holder.clone()),
                 acquired_at: lease.map(|l| l.acquired_at),
                 expires_at: lease.map(|l| l.expires_at),
@@ -120,6 +128,7 @@ pub async fn with_roles(
 ) -> Result<(Vec<EngineView>, Vec<RoleView>), sqlx::Error> {
     let leases = leases::list(pool).await?;
     let engines = judge(registry::list(pool, window).await?, &leases, cfg);
-    let roles = roles_of(&leases, &engines);
+    let ttl_ms = i64::try_from(cfg.lease_ttl_ms).unwrap_or(i64::MAX);
+    let roles = roles_of(&leases, &engines, ttl_ms);
     Ok((engines, roles))
 }

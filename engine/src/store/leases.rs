@@ -19,6 +19,9 @@ pub struct LeaseRow {
     pub expires_at: DateTime<Utc>,
     /// Not yet expired, on the database's clock.
     pub valid: bool,
+    /// How long ago it expired (negative while it runs), on the database's
+    /// clock: a lease given back a moment ago is a handover in progress.
+    pub expired_ms: i64,
     pub handovers: i64,
 }
 
@@ -79,9 +82,11 @@ pub async fn list(pool: &PgPool) -> Result<Vec<LeaseRow>, sqlx::Error> {
         DateTime<Utc>,
         bool,
         i64,
+        i64,
     );
     let rows: Vec<Raw> = sqlx::query_as(
-        "SELECT role, holder, acquired_at, renewed_at, expires_at, expires_at >= now(), handovers
+        "SELECT role, holder, acquired_at, renewed_at, expires_at, expires_at >= now(),
+                (extract(epoch FROM now() - expires_at) * 1000)::bigint, handovers
          FROM singleton_leases ORDER BY role",
     )
     .fetch_all(pool)
@@ -91,7 +96,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<LeaseRow>, sqlx::Error> {
     Ok(rows
         .into_iter()
         .filter_map(
-            |(role, holder, acquired_at, renewed_at, expires_at, valid, handovers)| {
+            |(role, holder, acquired_at, renewed_at, expires_at, valid, expired_ms, handovers)| {
                 Some(LeaseRow {
                     role: Singleton::parse(&role)?,
                     holder,
@@ -99,6 +104,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<LeaseRow>, sqlx::Error> {
                     renewed_at,
                     expires_at,
                     valid,
+                    expired_ms,
                     handovers,
                 })
             },
