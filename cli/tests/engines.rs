@@ -175,6 +175,32 @@ fn one_console_reads_every_live_engine_and_adds_them_up() {
             "health exit {code}: {health:#}"
         );
 
+        // A mutation without --engine-url goes to a live daemon of the
+        // registry, not to the default address where none listens.
+        let operator = env.issue_token("on-call", Role::Operator).await?;
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
+            .args([
+                "order",
+                "cancel",
+                "--order-id",
+                &seckill_engine::OrderId::generate().to_string(),
+                "--reason",
+                "test",
+            ])
+            .env_remove("SECKILL_CONFIG")
+            .env_remove("SECKILL_ENGINE_URL")
+            .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
+            .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
+            .env("SECKILL_TOKEN", &operator)
+            .output()
+            .await?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() != Some(3) && !said.contains("cannot reach"),
+            "the cancel of an unknown order should reach a live engine and be refused there: {:?} {said}",
+            out.status.code()
+        );
+
         // The holder stops cleanly: its roles move at once, and a stopped
         // daemon is no finding.
         let holder = list

@@ -443,6 +443,41 @@ impl Stage {
         Ok((main, dead))
     }
 
+    /// The business message ids in `kind`'s DLQ, read from the broker, and
+    /// how many stored copies hold them: a message the broker dead-letters
+    /// twice (its consumer killed between the send-back and the offset
+    /// commit) is one dead message in two copies.
+    pub async fn dead_in_dlq(&self, kind: TopicKind) -> Result<(i64, HashSet<String>)> {
+        let dlq = self.names.dlq_topic(kind);
+        let mut ids = HashSet::new();
+        let mut copies = 0;
+        let Ok(queues) = self.admin.queue_offsets(&dlq).await else {
+            return Ok((0, ids)); // no DLQ topic: nothing died
+        };
+        for (broker, q) in queues {
+            let mut offset = q.min;
+            while offset < q.max {
+                let pulled = self
+                    .admin
+                    .pull(&broker, &dlq, q.queue_id, offset, 32)
+                    .await?;
+                for m in &pulled.messages {
+                    copies += 1;
+                    ids.insert(
+                        m.property(seckill_engine::PROP_MESSAGE_ID)
+                            .unwrap_or(&m.broker_msg_id)
+                            .to_owned(),
+                    );
+                }
+                if pulled.next_offset <= offset {
+                    break;
+                }
+                offset = pulled.next_offset;
+            }
+        }
+        Ok((copies, ids))
+    }
+
     /// The engine-side figures of every engine still running.
     pub async fn stats(&self) -> Vec<StatsView> {
         let mut out = Vec::new();

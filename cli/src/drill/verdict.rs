@@ -29,7 +29,8 @@ pub struct Figures {
     /// Stored duplicates (stored sends beyond one per decided reservation),
     /// each absorbed by the consumer's inbox.
     pub duplicates_absorbed: i64,
-    /// Messages in the order group's DLQ.
+    /// Messages in the order group's DLQ (distinct message ids: a message
+    /// dead-lettered twice counts once).
     pub dlq: i64,
     /// Of those, the ones whose effect was applied all the same (their
     /// inbox row succeeded): dead beside a poison message on its last

@@ -233,9 +233,10 @@ pub enum OpError {
     Refused { status: u16, reason: String },
 }
 
-/// POSTs `body` to a running engine's operator API (`cfg.engine_url` +
-/// `path`) with the configured token: the one client the CLI and the TUI
-/// share. It waits the configured admin timeout; [`post_op_within`] for a
+/// POSTs `body` to a running engine's operator API (the first of
+/// `--engine-url`'s list, else a live daemon of the registry, else
+/// `cfg.engine_url`; see [`crate::observe::engines::operator_url`]) with the
+/// configured token: the one client the CLI and the TUI share. It waits the configured admin timeout; [`post_op_within`] for a
 /// call that waits on purpose (a replay's verify, a restore's drain).
 pub async fn post_op<B: Serialize>(
     cfg: &crate::config::Config,
@@ -252,13 +253,14 @@ pub async fn post_op_within<B: Serialize>(
     body: &B,
     timeout: std::time::Duration,
 ) -> Result<OpReply, OpError> {
+    let url = crate::observe::engines::operator_url(cfg).await;
     let unreachable = |why: String| OpError::Unreachable {
-        url: cfg.engine_url.clone(),
+        url: url.clone(),
         why,
     };
     let resp = cfg
         .engine_http()
-        .post(format!("{}{path}", cfg.engine_url))
+        .post(format!("{url}{path}"))
         .timeout(timeout)
         .json(body)
         .send()

@@ -143,6 +143,36 @@ pub fn plan(explicit: &[String], registry: Option<&[EngineView]>, fallback: &str
     }
 }
 
+/// Where an operator's mutation goes (docs/architecture.md §14.3): the
+/// first of `--engine-url`'s list when given; else a live daemon of the
+/// registry, the newest started; else the configured `engine_url`. Any
+/// daemon serves the operator API, since they share the stores.
+pub async fn operator_url(cfg: &crate::config::Config) -> String {
+    if let Some(url) = cfg.engine_urls.first() {
+        return url.clone();
+    }
+    let read = async {
+        let pool = crate::store::db::connect_unchecked(cfg).await.ok()?;
+        let window = chrono::Duration::milliseconds(
+            i64::try_from(cfg.registry.dead_after_ms).unwrap_or(i64::MAX),
+        );
+        let rows = crate::ops::engines::list(&pool, &cfg.registry, window)
+            .await
+            .ok();
+        pool.close().await;
+        rows
+    };
+    let rows = tokio::time::timeout(cfg.admin_timeout(), read)
+        .await
+        .ok()
+        .flatten();
+    plan(&[], rows.as_deref(), &cfg.engine_url)
+        .ask
+        .into_iter()
+        .next()
+        .map_or_else(|| cfg.engine_url.clone(), |t| t.url)
+}
+
 /// Asks every target of `plan` at once; the dead come after, unasked.
 pub async fn read(http: &reqwest::Client, plan: Plan) -> Vec<EngineSample> {
     let mut asks = tokio::task::JoinSet::new();
