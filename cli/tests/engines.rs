@@ -10,6 +10,16 @@ use seckill_tests::{Engine, Setup, TestEnv, eventually, run};
 use secrecy::ExposeSecret;
 use std::time::Duration;
 
+/// `seckillctl health --output json`: its exit code and its rows.
+async fn health_of(
+    env: &TestEnv,
+    token: &str,
+) -> Result<(i32, serde_json::Value, Vec<serde_json::Value>)> {
+    let (code, json) = cli(env, token, &["health", "--window", "500ms", "-o", "json"]).await?;
+    let rows = json["components"].as_array().context("components")?.clone();
+    Ok((code, json, rows))
+}
+
 /// `seckillctl ARGS` against this test's database and topics, reading
 /// whichever engines the registry holds live; its exit code and stdout.
 async fn cli(env: &TestEnv, token: &str, args: &[&str]) -> Result<(i32, serde_json::Value)> {
@@ -145,16 +155,7 @@ fn one_console_reads_every_live_engine_and_adds_them_up() {
             .collect();
         roles.sort();
         ensure!(roles == ["dlq-mirror", "sweeps", "webhook"], "{list:#?}");
-        let (code, health) = cli(
-            &env,
-            &reader,
-            &["health", "--window", "500ms", "-o", "json"],
-        )
-        .await?;
-        let rows = health["components"]
-            .as_array()
-            .context("components")?
-            .clone();
+        let (code, health, rows) = health_of(&env, &reader).await?;
         let row = |name: &str| rows.iter().find(|c| c["component"] == name).cloned();
         for e in &list {
             let name = format!("engine {}", e["id"].as_str().unwrap_or("?"));
@@ -237,16 +238,7 @@ fn one_console_reads_every_live_engine_and_adds_them_up() {
         )
         .execute(&env.pool)
         .await?;
-        let (code, health) = cli(
-            &env,
-            &reader,
-            &["health", "--window", "500ms", "-o", "json"],
-        )
-        .await?;
-        let rows = health["components"]
-            .as_array()
-            .context("components")?
-            .clone();
+        let (code, health, rows) = health_of(&env, &reader).await?;
         let state_of = |name: &str| {
             rows.iter()
                 .find(|c| c["component"] == name)

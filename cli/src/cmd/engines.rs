@@ -4,7 +4,9 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::{Config, EngineState, EngineView, RoleState, RoleView, db, engines};
+use seckill_engine::{
+    Config, EngineState, EngineView, RoleState, RoleView, Singleton, db, engines,
+};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -55,15 +57,7 @@ impl Tabular for EnginesView {
                 e.address.clone(),
                 e.version.clone(),
                 state,
-                if e.roles.is_empty() {
-                    "-".to_owned()
-                } else {
-                    e.roles
-                        .iter()
-                        .map(|r| r.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                },
+                Singleton::cell(&e.roles, ", "),
                 e.hostname.clone(),
                 e.pid.to_string(),
                 e.started_at.format("%Y-%m-%d %H:%M:%S").to_string(),

@@ -7,8 +7,8 @@ use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use seckill_engine::{
     Advice, BacklogRow, ClientRuntime, Config, Drain, EngineRow, Level, Observation, Observer,
-    PendingRow, PgView, PoolRow, RATE_SPAN, ScaleInputs, Seen, ServerRow, Source, SourceError,
-    Watch,
+    PendingRow, PgView, PoolRow, RATE_SPAN, ScaleInputs, Seen, ServerRow, Singleton, Source,
+    SourceError, Watch,
 };
 use serde::Serialize;
 use std::io::Write;
@@ -40,8 +40,7 @@ pub fn engine_line(e: &EngineRow) -> String {
     let roles = if e.roles.is_empty() {
         String::new()
     } else {
-        let r: Vec<&str> = e.roles.iter().map(|r| r.as_str()).collect();
-        format!(" [{}]", r.join(", "))
+        format!(" [{}]", Singleton::cell(&e.roles, ", "))
     };
     let ago =
         |ms: Option<i64>| ms.map_or("?".into(), |ms| format!("{:.1} s ago", ms as f64 / 1000.0));

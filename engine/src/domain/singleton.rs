@@ -30,6 +30,15 @@ impl Singleton {
     pub fn parse(s: &str) -> Option<Singleton> {
         Self::ALL.into_iter().find(|r| r.as_str() == s)
     }
+
+    /// Roles as one cell: their names joined by `sep`, or `-` for none.
+    pub fn cell(roles: &[Singleton], sep: &str) -> String {
+        if roles.is_empty() {
+            return "-".to_owned();
+        }
+        let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+        names.join(sep)
+    }
 }
 
 impl std::fmt::Display for Singleton {
@@ -49,5 +58,10 @@ mod tests {
             assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
         }
         assert_eq!(Singleton::parse("mirror"), None);
+        assert_eq!(Singleton::cell(&[], ","), "-");
+        assert_eq!(
+            Singleton::cell(&[Singleton::DlqMirror, Singleton::Webhook], ", "),
+            "dlq-mirror, webhook"
+        );
     }
 }

@@ -8,7 +8,7 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
-use seckill_engine::{EngineRow, Seen};
+use seckill_engine::{EngineRow, Seen, Singleton};
 
 /// Rows the panel shows before it says how many more there are.
 pub const SHOWN: usize = 4;
@@ -36,15 +36,7 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
 
 fn line(e: &EngineRow) -> Line<'static> {
     let name = e.id.as_deref().map_or_else(|| e.url.clone(), short_id);
-    let roles = if e.roles.is_empty() {
-        "-".to_owned()
-    } else {
-        e.roles
-            .iter()
-            .map(|r| r.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
+    let roles = Singleton::cell(&e.roles, ",");
     let (mark, state, style) = match e.seen {
         Seen::Answered => ("●", "live".to_owned(), Style::new().fg(Color::Green)),
         Seen::Unreachable => (
