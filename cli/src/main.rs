@@ -11,6 +11,7 @@ mod access;
 mod cmd;
 mod drill;
 mod exit;
+mod logging;
 mod output;
 mod parse;
 mod remote;
@@ -41,6 +42,9 @@ struct Cli {
     /// Log filter, e.g. `info` or `seckill_engine=debug` [env RUST_LOG]
     #[arg(long, global = true, default_value = "warn")]
     log: String,
+    /// Log lines as text or JSON; auto: JSON for `engine run` when stdout is not a terminal [default: [log] format, else auto]
+    #[arg(long, global = true, env = "SECKILL_LOG_FORMAT", value_parser = parse_log_format)]
+    log_format: Option<seckill_engine::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -114,13 +118,24 @@ fn main() -> ExitCode {
             });
         }
     };
+    // The configuration first: `[log] format` shapes the logs. A broken
+    // file is reported by `run`, with its exit code, after logging starts.
+    let cfg = settings::load(&cli.config);
+    let daemon = matches!(cli.command, Command::Engine(_));
+    let config = cfg.as_ref().map_or(Default::default(), |c| c.log.format);
+    let shape = logging::shape(
+        cli.log_format,
+        config,
+        daemon,
+        logging::stdout_is_terminal(),
+    );
     // Log lines would tear the TUI's screen apart: it shows errors itself.
     if matches!(cli.command, Command::Tui(_)) {
-        init_tracing_off();
+        logging::off();
     } else {
-        init_tracing(&cli.log);
+        logging::init(&cli.log, shape);
     }
-    let code = match run(cli) {
+    let code = match run(cli, cfg, shape) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -130,25 +145,16 @@ fn main() -> ExitCode {
     ExitCode::from(code.code())
 }
 
-fn init_tracing(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+fn parse_log_format(s: &str) -> Result<seckill_engine::LogFormat, String> {
+    s.parse()
 }
 
-fn init_tracing_off() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("off"))
-        .with_writer(std::io::sink)
-        .init();
-}
-
-fn run(cli: Cli) -> anyhow::Result<Exit> {
-    let cfg = settings::load(&cli.config)
-        .map_err(|e| anyhow::Error::new(exit::UsageError(format!("{e:#}"))))?;
+fn run(
+    cli: Cli,
+    cfg: anyhow::Result<seckill_engine::Config>,
+    shape: logging::Shape,
+) -> anyhow::Result<Exit> {
+    let cfg = cfg.map_err(|e| anyhow::Error::new(exit::UsageError(format!("{e:#}"))))?;
     // The RocketMQ client never builds its own runtime (ROCKETMQ.md): the
     // binary owns it, and everything else (sqlx, redis, axum) shares it.
     runtime::run(|rt| async move {
@@ -167,7 +173,9 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
             Command::Quarantine(c) => cmd::quarantine::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
             Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
-            Command::Engine(c) => cmd::engine::run(c, &cfg, rt).await.map(|()| Exit::Ok),
+            Command::Engine(c) => cmd::engine::run(c, &cfg, rt, shape)
+                .await
+                .map(|()| Exit::Ok),
             Command::Auth(c) => cmd::auth::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Audit(c) => cmd::audit::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Engines(a) => cmd::engines::run(a, &cfg).await.map(|()| Exit::Ok),

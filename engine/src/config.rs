@@ -43,6 +43,40 @@ pub struct Config {
     pub auth: AuthConfig,
     pub http: HttpConfig,
     pub registry: RegistryConfig,
+    pub log: LogConfig,
+}
+
+/// How the binaries write their logs (docs/architecture.md §11.3).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+}
+
+/// `auto`: the daemon logs JSON when its stdout is not a terminal (a
+/// service manager, a pipe, a file), people at a terminal get text; the
+/// CLI's commands always write text to stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Auto,
+    Text,
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(LogFormat::Auto),
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!(
+                "log format {other:?} is not one of auto, text, json"
+            )),
+        }
+    }
 }
 
 /// The engine registry (docs/architecture.md §14.3): how often a daemon
@@ -404,6 +438,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             http: HttpConfig::default(),
             registry: RegistryConfig::default(),
+            log: LogConfig::default(),
         }
     }
 }

@@ -53,8 +53,8 @@ mod store;
 // Configuration and the daemon.
 pub use config::{
     AuthConfig, AuthMode, Config, ConsumerConfig, DlqConfig, GovernorConfig, HttpConfig,
-    LifecycleConfig, MqConfig, OutboxConfig, PgConfig, PublisherConfig, RegistryConfig,
-    ScannerConfig, redact_url,
+    LifecycleConfig, LogConfig, LogFormat, MqConfig, OutboxConfig, PgConfig, PublisherConfig,
+    RegistryConfig, ScannerConfig, redact_url,
 };
 pub use daemon::api::{
     ActivityBody, ApiError, CancelBody, DiscardBody, MAX_VERIFY_MS, OpError, OpReply, PayBody,

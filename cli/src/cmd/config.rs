@@ -2,7 +2,7 @@
 
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
-use seckill_engine::{AuthMode, Config, HttpConfig, MqConfig, PgConfig};
+use seckill_engine::{AuthMode, Config, HttpConfig, LogConfig, MqConfig, PgConfig, RegistryConfig};
 use serde::Serialize;
 
 #[derive(Debug, clap::Args)]
@@ -22,6 +22,10 @@ struct View {
     mq: MqConfig,
     http: HttpConfig,
     auth: AuthView,
+    log: LogConfig,
+    registry: RegistryConfig,
+    /// The engines the console reads; empty: every live one of the registry.
+    engine_urls: Vec<String>,
 }
 
 /// `[auth]` without the secret: whether a token is set, never the token.
@@ -69,6 +73,9 @@ pub fn run(args: ConfigArgs, cfg: &Config) -> Result<()> {
         pg: cfg.pg.clone(),
         mq: cfg.mq.clone(),
         http: cfg.http.clone(),
+        log: cfg.log.clone(),
+        registry: cfg.registry.clone(),
+        engine_urls: cfg.engine_urls.clone(),
         auth: AuthView {
             mode: cfg.auth.mode,
             token: if cfg.auth.token.is_some() {

@@ -1,6 +1,7 @@
 //! `seckillctl engine run`: the daemon. Only the binary installs signal
 //! handlers (STYLE.md, Async); the engine gets a shutdown future.
 
+use crate::logging::Shape;
 use anyhow::{Context, Result};
 use seckill_engine::{ClientRuntime, Config};
 use std::net::SocketAddr;
@@ -42,7 +43,18 @@ async fn shutdown_signal() {
     }
 }
 
-pub async fn run(cmd: EngineCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<()> {
+/// The daemon's own lines (where it listens, that it stopped): for a
+/// person at the default `warn` filter, a plain line on stderr; in JSON
+/// logs, an INFO event like every other, so the stream stays one object a
+/// line.
+fn say(shape: Shape, text: String) {
+    match shape {
+        Shape::Text => eprintln!("{text}"),
+        Shape::Json => tracing::info!("{text}"),
+    }
+}
+
+pub async fn run(cmd: EngineCmd, cfg: &Config, rt: Arc<ClientRuntime>, shape: Shape) -> Result<()> {
     match cmd {
         EngineCmd::Run {
             listen,
@@ -51,7 +63,10 @@ pub async fn run(cmd: EngineCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result
             let api = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("cannot listen on {listen}; is another engine running there? (pick one with --listen)"))?;
-            eprintln!("engine listening on http://{}", api.local_addr()?);
+            say(
+                shape,
+                format!("engine listening on http://{}", api.local_addr()?),
+            );
             let admin = match admin_listen {
                 Some(addr) => {
                     let l = tokio::net::TcpListener::bind(addr).await.with_context(|| {
@@ -59,14 +74,17 @@ pub async fn run(cmd: EngineCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Result
                             "cannot listen on {addr} (--admin-listen); is something else there?"
                         )
                     })?;
-                    eprintln!("probes and /metrics on http://{}", l.local_addr()?);
+                    say(
+                        shape,
+                        format!("probes and /metrics on http://{}", l.local_addr()?),
+                    );
                     Some(l)
                 }
                 None => None,
             };
             let listeners = seckill_engine::Listeners { api, admin };
             seckill_engine::run_daemon(cfg.clone(), rt, listeners, shutdown_signal()).await?;
-            eprintln!("engine stopped cleanly");
+            say(shape, "engine stopped cleanly".to_owned());
             Ok(())
         }
     }
