@@ -179,28 +179,7 @@ fn one_console_reads_every_live_engine_and_adds_them_up() {
         // A mutation without --engine-url goes to a live daemon of the
         // registry, not to the default address where none listens.
         let operator = env.issue_token("on-call", Role::Operator).await?;
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
-            .args([
-                "order",
-                "cancel",
-                "--order-id",
-                &seckill_engine::OrderId::generate().to_string(),
-                "--reason",
-                "test",
-            ])
-            .env_remove("SECKILL_CONFIG")
-            .env_remove("SECKILL_ENGINE_URL")
-            .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
-            .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
-            .env("SECKILL_TOKEN", &operator)
-            .output()
-            .await?;
-        let said = String::from_utf8_lossy(&out.stderr);
-        ensure!(
-            out.status.code() != Some(3) && !said.contains("cannot reach"),
-            "the cancel of an unknown order should reach a live engine and be refused there: {:?} {said}",
-            out.status.code()
-        );
+        cancel_reaches_an_engine(&env, &operator).await?;
 
         // The holder stops cleanly: its roles move at once, and a stopped
         // daemon is no finding.
@@ -273,8 +252,47 @@ fn one_console_reads_every_live_engine_and_adds_them_up() {
             seen.contains(&"answered") && seen.contains(&"silent") && seen.contains(&"stopped"),
             "{seen:?}"
         );
+        // A daemon the registry holds live but that refuses connections
+        // (restarting, say), newest of all: the mutation moves on to the
+        // next live one; the request never reached the first.
+        sqlx::query(
+            "INSERT INTO engine_instances (engine_id, address, version, hostname, pid, started_at, heartbeat_at)
+             VALUES ('engine-restarting', '127.0.0.1:1', '0.1.0', 'here', 1, now() + interval '1 hour', now() + interval '1 hour')",
+        )
+        .execute(&env.pool)
+        .await?;
+        cancel_reaches_an_engine(&env, &operator).await?;
         staying.stop().await
     });
+}
+
+/// `order cancel` of an unknown order without `--engine-url`: it must reach
+/// a live engine (and be refused there), not the default address where
+/// none listens.
+async fn cancel_reaches_an_engine(env: &TestEnv, operator: &str) -> Result<()> {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
+        .args([
+            "order",
+            "cancel",
+            "--order-id",
+            &seckill_engine::OrderId::generate().to_string(),
+            "--reason",
+            "test",
+        ])
+        .env_remove("SECKILL_CONFIG")
+        .env_remove("SECKILL_ENGINE_URL")
+        .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
+        .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
+        .env("SECKILL_TOKEN", operator)
+        .output()
+        .await?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() != Some(3) && !said.contains("cannot reach"),
+        "the cancel of an unknown order should reach a live engine and be refused there: {:?} {said}",
+        out.status.code()
+    );
+    Ok(())
 }
 
 /// `seckillctl engines --output json` against this test's database.

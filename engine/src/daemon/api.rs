@@ -233,10 +233,12 @@ pub enum OpError {
     Refused { status: u16, reason: String },
 }
 
-/// POSTs `body` to a running engine's operator API (the first of
-/// `--engine-url`'s list, else a live daemon of the registry, else
-/// `cfg.engine_url`; see [`crate::observe::engines::operator_url`]) with the
-/// configured token: the one client the CLI and the TUI share. It waits the configured admin timeout; [`post_op_within`] for a
+/// POSTs `body` to a running engine's operator API with the configured
+/// token: the one client the CLI and the TUI share. The daemons are tried
+/// in [`crate::observe::engines::operator_urls`]'s order, the next only
+/// when one refused the connection (a restarting daemon): the request never
+/// reached it, so nothing can have happened twice. Any other failure is the
+/// answer. It waits the configured admin timeout; [`post_op_within`] for a
 /// call that waits on purpose (a replay's verify, a restore's drain).
 pub async fn post_op<B: Serialize>(
     cfg: &crate::config::Config,
@@ -253,19 +255,42 @@ pub async fn post_op_within<B: Serialize>(
     body: &B,
     timeout: std::time::Duration,
 ) -> Result<OpReply, OpError> {
-    let url = crate::observe::engines::operator_url(cfg).await;
+    let urls = crate::observe::engines::operator_urls(cfg).await;
+    let http = cfg.engine_http();
+    let mut refused = Vec::new();
+    let mut answer = None;
+    for url in &urls {
+        match http
+            .post(format!("{url}{path}"))
+            .timeout(timeout)
+            .json(body)
+            .send()
+            .await
+        {
+            Ok(resp) => {
+                answer = Some((url.clone(), resp));
+                break;
+            }
+            // Never reached the daemon: safe to ask the next.
+            Err(e) if e.is_connect() => refused.push(format!("{url}: {e}")),
+            Err(e) => {
+                return Err(OpError::Unreachable {
+                    url: url.clone(),
+                    why: e.to_string(),
+                });
+            }
+        }
+    }
+    let Some((url, resp)) = answer else {
+        return Err(OpError::Unreachable {
+            url: urls.join(", "),
+            why: refused.join("; "),
+        });
+    };
     let unreachable = |why: String| OpError::Unreachable {
         url: url.clone(),
         why,
     };
-    let resp = cfg
-        .engine_http()
-        .post(format!("{url}{path}"))
-        .timeout(timeout)
-        .json(body)
-        .send()
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
     let status = resp.status().as_u16();
     let reply = OpReply {
         status,

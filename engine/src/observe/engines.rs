@@ -143,13 +143,13 @@ pub fn plan(explicit: &[String], registry: Option<&[EngineView]>, fallback: &str
     }
 }
 
-/// Where an operator's mutation goes (docs/architecture.md §14.3): the
-/// first of `--engine-url`'s list when given; else a live daemon of the
-/// registry, the newest started; else the configured `engine_url`. Any
-/// daemon serves the operator API, since they share the stores.
-pub async fn operator_url(cfg: &crate::config::Config) -> String {
-    if let Some(url) = cfg.engine_urls.first() {
-        return url.clone();
+/// Where an operator's mutation goes (docs/architecture.md §14.3), in the
+/// order to try: `--engine-url`'s list when given; else the live daemons of
+/// the registry, newest started first; else the configured `engine_url`.
+/// Any daemon serves the operator API, since they share the stores.
+pub async fn operator_urls(cfg: &crate::config::Config) -> Vec<String> {
+    if !cfg.engine_urls.is_empty() {
+        return cfg.engine_urls.clone();
     }
     let read = async {
         let pool = crate::store::db::connect_unchecked(cfg).await.ok()?;
@@ -169,8 +169,8 @@ pub async fn operator_url(cfg: &crate::config::Config) -> String {
     plan(&[], rows.as_deref(), &cfg.engine_url)
         .ask
         .into_iter()
-        .next()
-        .map_or_else(|| cfg.engine_url.clone(), |t| t.url)
+        .map(|t| t.url)
+        .collect()
 }
 
 /// Asks every target of `plan` at once; the dead come after, unasked.
