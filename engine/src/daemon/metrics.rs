@@ -691,7 +691,6 @@ mod tests {
                 }),
                 engine: None,
                 engines: Vec::new(),
-                roles: Vec::new(),
                 broker_uptime_s: None,
                 redis_lost: vec![],
                 live_engines: None,

@@ -175,24 +175,17 @@ pub async fn operator_urls(cfg: &crate::config::Config) -> Vec<String> {
 
 /// Asks every target of `plan` at once; the dead come after, unasked.
 pub async fn read(http: &reqwest::Client, plan: Plan) -> Vec<EngineSample> {
-    let mut asks = tokio::task::JoinSet::new();
-    for (i, t) in plan.ask.into_iter().enumerate() {
+    let answered = each(plan.ask, |t| {
         let http = http.clone();
-        asks.spawn(async move {
+        async move {
             let got = stats(&http, &t.url).await;
-            (i, t, got)
-        });
-    }
-    let mut answered = Vec::new();
-    while let Some(joined) = asks.join_next().await {
-        if let Ok(one) = joined {
-            answered.push(one);
+            (t, got)
         }
-    }
-    answered.sort_by_key(|(i, _, _)| *i);
+    })
+    .await;
     let mut out: Vec<EngineSample> = answered
         .into_iter()
-        .map(|(_, t, got)| {
+        .map(|(t, got)| {
             let (seen, stats, error) = match got {
                 Ok(s) => (Seen::Answered, Some(s), None),
                 Err(e) => (Seen::Unreachable, None, Some(e)),
@@ -207,6 +200,27 @@ pub async fn read(http: &reqwest::Client, plan: Plan) -> Vec<EngineSample> {
             .map(|(t, why)| sample(t, why, None, None)),
     );
     out
+}
+
+/// `ask` for every target at once, the answers in the targets' order.
+pub(crate) async fn each<Out, Fut>(targets: Vec<Target>, ask: impl Fn(Target) -> Fut) -> Vec<Out>
+where
+    Out: Send + 'static,
+    Fut: std::future::Future<Output = Out> + Send + 'static,
+{
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, t) in targets.into_iter().enumerate() {
+        let fut = ask(t);
+        asks.spawn(async move { (i, fut.await) });
+    }
+    let mut out = Vec::new();
+    while let Some(joined) = asks.join_next().await {
+        if let Ok(one) = joined {
+            out.push(one);
+        }
+    }
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, o)| o).collect()
 }
 
 fn sample(t: Target, seen: Seen, stats: Option<StatsView>, error: Option<String>) -> EngineSample {

@@ -367,17 +367,11 @@ pub async fn engines(cfg: &Config) -> Vec<ComponentHealth> {
     let rows = registry.as_ref().map(|(e, _)| e.as_slice());
     let plan = super::engines::plan(&cfg.engine_urls, rows, &cfg.engine_url);
     let http = cfg.engine_http();
-    let mut asked = tokio::task::JoinSet::new();
-    for (i, t) in plan.ask.iter().cloned().enumerate() {
+    let mut out = super::engines::each(plan.ask, |t| {
         let (cfg, http) = (cfg.clone(), http.clone());
-        asked.spawn(async move { (i, engine_at(&cfg, &http, &t.url, t.id.as_deref()).await) });
-    }
-    let mut out: Vec<(usize, ComponentHealth)> = Vec::new();
-    while let Some(Ok(one)) = asked.join_next().await {
-        out.push(one);
-    }
-    out.sort_by_key(|(i, _)| *i);
-    let mut out: Vec<ComponentHealth> = out.into_iter().map(|(_, r)| r).collect();
+        async move { engine_at(&cfg, &http, &t.url, t.id.as_deref()).await }
+    })
+    .await;
     if out.iter().any(|r| r.state != HealthState::Down) {
         for r in out.iter_mut().filter(|r| r.state == HealthState::Down) {
             r.state = HealthState::Degraded;

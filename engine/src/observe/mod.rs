@@ -213,13 +213,10 @@ pub struct Sample {
     /// The engines' own figures (`/v1/stats`), every daemon that answered
     /// as one ([`StatsView::merge`]).
     pub engine: Option<StatsView>,
-    /// Each daemon asked, or known dead from the registry (§14.3).
+    /// Each daemon asked, or known dead from the registry (§14.3), with
+    /// the singletons it runs (§14.4).
     #[serde(default)]
     pub engines: Vec<engines::EngineSample>,
-    /// The elected singletons and who runs them (§14.4); empty when the
-    /// registry is unreadable.
-    #[serde(default)]
-    pub roles: Vec<crate::ops::engines::RoleView>,
     pub broker_uptime_s: Option<f64>,
     /// Live activities whose Redis state is lost or stale (docs/architecture.md §4.5).
     #[serde(default)]
@@ -372,7 +369,7 @@ impl Observer {
                     bounded(limit, registry(self.pool.as_ref(), &self.cfg.registry)).await;
                 let asked = match self.read_engine {
                     true => {
-                        let rows = registry.as_ref().ok().map(|(e, _)| e.as_slice());
+                        let rows = registry.as_ref().ok().map(Vec::as_slice);
                         let plan = engines::plan(&self.cfg.engine_urls, rows, &self.cfg.engine_url);
                         engines::read(&self.http, plan).await
                     }
@@ -389,10 +386,7 @@ impl Observer {
         let pg = take(e, Source::Postgresql, pg);
         let dlq = take(e, Source::Dlq, dlq);
         let (registry, engines) = registered;
-        let (live_engines, roles) = match take(e, Source::Postgresql, registry) {
-            Some((rows, roles)) => (Some(live_count(&rows)), roles),
-            None => (None, Vec::new()),
-        };
+        let live_engines = take(e, Source::Postgresql, registry).map(|rows| live_count(&rows));
         let answered: Vec<&StatsView> = engines.iter().filter_map(|s| s.stats.as_ref()).collect();
         let engine = StatsView::merge(answered);
         // No engine answered at all: the engine figures are missing, and
@@ -421,7 +415,6 @@ impl Observer {
             dlq,
             engine,
             engines,
-            roles,
             broker_uptime_s,
             redis_lost,
             live_engines,
@@ -604,21 +597,15 @@ async fn redis_lost(
     Ok(rows.into_iter().filter(|r| r.state.refuses()).collect())
 }
 
-/// The registry's daemons heard from within [`DEAD_SHOWN`], and the
-/// singletons' holders.
+/// The registry's daemons heard from within [`DEAD_SHOWN`], each with the
+/// singletons it holds.
 async fn registry(
     pool: Option<&PgPool>,
     cfg: &crate::config::RegistryConfig,
-) -> Result<
-    (
-        Vec<crate::ops::engines::EngineView>,
-        Vec<crate::ops::engines::RoleView>,
-    ),
-    SourceFailure,
-> {
+) -> Result<Vec<crate::ops::engines::EngineView>, SourceFailure> {
     let pool = pool.ok_or(DOWN)?;
     let window = chrono::Duration::from_std(DEAD_SHOWN).unwrap_or(chrono::Duration::MAX);
-    Ok(crate::ops::engines::with_roles(pool, cfg, window).await?)
+    Ok(crate::ops::engines::list(pool, cfg, window).await?)
 }
 
 /// How long a dead daemon stays in the console's samples: long enough to

@@ -418,7 +418,6 @@ mod tests {
             dlq: None,
             engine: None,
             engines: Vec::new(),
-            roles: Vec::new(),
             broker_uptime_s: None,
             redis_lost: vec![],
             live_engines: None,

@@ -90,7 +90,7 @@ fn judge(
 }
 
 /// Every singleton, whether taken or not, judged against `engines`.
-pub fn roles_of(leases: &[LeaseRow], engines: &[EngineView], ttl_ms: i64) -> Vec<RoleView> {
+fn roles_of(leases: &[LeaseRow], engines: &[EngineView], ttl_ms: i64) -> Vec<RoleView> {
     let live = |id: &str| {
         engines
             .iter()
