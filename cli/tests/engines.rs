@@ -145,6 +145,38 @@ fn one_console_reads_every_live_engine_and_adds_them_up() {
             created == 120,
             "the daemons created {created} orders, PostgreSQL holds 120"
         );
+        // Each daemon reports where its consumers have got to, queue by
+        // queue (docs/architecture.md §10.4), never past the broker's head.
+        let heads = env.admin.queue_offsets(&topic).await?;
+        let mut furthest = std::collections::BTreeMap::new();
+        for e in [&a, &b] {
+            let stats: serde_json::Value = e
+                .http
+                .get(format!("http://{}/v1/stats", e.addr))
+                .send()
+                .await?
+                .json()
+                .await?;
+            for p in stats["positions"].as_array().into_iter().flatten() {
+                if p["topic"] != topic.as_str() {
+                    continue;
+                }
+                let (broker, queue) = (p["broker"].as_str().unwrap_or("?"), p["queue_id"].as_i64());
+                let offset = p["offset"].as_i64().context("offset")?;
+                let head = heads
+                    .iter()
+                    .find(|(b, q)| b == broker && Some(q.queue_id as i64) == queue)
+                    .map(|(_, q)| q.max)
+                    .with_context(|| format!("{p} names no queue of {topic}"))?;
+                ensure!(offset <= head, "{p} is past the head {head}");
+                let at = furthest.entry((broker.to_owned(), queue)).or_insert(offset);
+                *at = (*at).max(offset);
+            }
+        }
+        ensure!(
+            !furthest.is_empty(),
+            "no daemon reported a position of {topic}"
+        );
 
         // Each singleton runs on exactly one daemon, and health says who.
         let list = engines(&env).await?;

@@ -792,12 +792,13 @@ impl HealthRun {
 
 /// The rolling restart's health verdict: its notes, and what failed. A
 /// restart done one daemon at a time must leave no component down, no
-/// daemon unreachable (exit 3) and no critical alert; the consumer-lag
-/// alert is reported apart, against its peak before the restarts: each
-/// restart moves queues between daemons twice, and on rocketmq-client-rust
-/// 1.0.0 a queue's new owner pulls 500 ms after the rebalance, on top of
-/// the 1 s offset commit the lag is measured through (docs/architecture.md
-/// §14.4, "Rolling restart").
+/// daemon unreachable (exit 3) and no critical alert, the consumer lag's
+/// included. The lag is measured from the daemons' own queue positions
+/// (docs/architecture.md §10.4) and alerts on what held across the health
+/// window (§11.2), so what a move costs is the real wait of the moved
+/// queues: the new owner pulls 500 ms after the rebalance. Only a sale
+/// whose lag was critical before the first restart excuses it during
+/// them: then the restarts are not what made it so.
 fn judge_restart(runs: &[HealthRun]) -> (Vec<String>, Vec<String>) {
     let (before, during): (Vec<&HealthRun>, Vec<&HealthRun>) = runs.iter().partition(|r| !r.during);
     let peak = |rs: &[&HealthRun]| {
@@ -833,10 +834,16 @@ fn judge_restart(runs: &[HealthRun]) -> (Vec<String>, Vec<String>) {
             ));
         }
     }
-    if lag_critical > 0 {
+    let critical_before = before.iter().any(|r| r.lag_critical);
+    if lag_critical > 0 && critical_before {
         notes.push(
-            "the consumer-lag alert's critical is a rebalance cost, not a lost order: see the rolling-restart playbook".to_owned(),
+            "the consumer lag was critical before the first restart too: the sale, not the restarts, made it so".to_owned(),
         );
+    } else if lag_critical > 0 {
+        failed.push(format!(
+            "the consumer-lag alert went critical in {lag_critical} health runs during the restarts (worst {}), never before them",
+            secs(peak(&during))
+        ));
     }
     (notes, failed)
 }
@@ -1090,19 +1097,28 @@ mod restart_tests {
     }
 
     #[test]
-    fn a_restart_fails_on_a_down_row_or_another_critical_and_reports_the_lag_apart() {
+    fn a_restart_fails_on_a_down_row_or_any_critical_alert() {
         let calm = [
             run(false, 1, 1.4, &[]),
             run(true, 1, 2.0, &[]),
-            run(true, 2, 3.1, &[]),
+            run(true, 1, 2.4, &[]),
         ];
         let (notes, failed) = judge_restart(&calm);
         assert!(failed.is_empty(), "{failed:?}");
         assert!(
-            notes[0].contains("worst consumer lag 3.1 s (before the restarts: 1.4 s"),
+            notes[0].contains("worst consumer lag 2.4 s (before the restarts: 1.4 s"),
             "{notes:?}"
         );
+
+        // The lag goes critical only during the restarts: they did it.
+        let moved = [run(false, 1, 1.4, &[]), run(true, 2, 3.1, &[])];
+        let (notes, failed) = judge_restart(&moved);
         assert!(notes[0].contains("critical in 1"), "{notes:?}");
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(failed[0].contains("consumer-lag"), "{failed:?}");
+        // It was critical before them too: the sale did it.
+        let loaded = [run(false, 2, 2.8, &[]), run(true, 2, 3.1, &[])];
+        assert!(judge_restart(&loaded).1.is_empty());
 
         let down = [run(true, 3, 1.0, &["engine DOWN: no engine answers"])];
         let (_, failed) = judge_restart(&down);

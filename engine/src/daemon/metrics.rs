@@ -604,6 +604,7 @@ mod tests {
                 limit: 6,
                 budget: 8,
             },
+            positions: Vec::new(),
         }
     }
 
@@ -917,6 +918,7 @@ seckill_alert_state{alert="order_tx_latency_seconds_p99"} 2
             consume: Default::default(),
             pool: Default::default(),
             governor: Default::default(),
+            positions: Vec::new(),
         };
         let lat = Latencies::new(4);
         let text = render(&MetricsInput {

@@ -31,6 +31,7 @@ use crate::daemon::governor::Governor;
 use crate::daemon::http::{AppState, admin_router, router};
 use crate::daemon::state::OpsDeps;
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats};
+use crate::mq::position::Positions;
 use crate::mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
 use crate::mq::{ConsumerSpec, Handler, Names, TopicKind};
 use crate::observe::Observer;
@@ -135,6 +136,8 @@ struct Ctx<'a> {
     /// Shared by the publisher and the scanner; its reconnects restart the
     /// consumers (§6.7).
     circuit: Arc<SendCircuit>,
+    /// Every consumer's queue positions, for `/v1/stats` (§10.4).
+    positions: Arc<Positions>,
 }
 
 impl Ctx<'_> {
@@ -148,7 +151,10 @@ impl Ctx<'_> {
         let recipe = restart::Recipe {
             rt: self.rt.clone(),
             namesrv: self.cfg.namesrv_addr.clone(),
-            spec: spec.clone(),
+            spec: ConsumerSpec {
+                positions: Some(self.positions.clone()),
+                ..spec.clone()
+            },
             handler: Arc::new(handler),
         };
         let first = RocketConsumer::start(
@@ -208,6 +214,7 @@ async fn start(
         tracker: TaskTracker::new(),
         cancel: CancellationToken::new(),
         circuit: Arc::new(SendCircuit::new(cfg.mq.circuit)),
+        positions: Arc::new(Positions::new()),
     };
     let send_timeout = Duration::from_millis(cfg.mq.send_timeout_ms);
     let producer = RocketProducer::start(
@@ -260,6 +267,7 @@ async fn start(
         names: ctx.names.clone(),
         ready: ready.clone(),
         consuming,
+        positions: ctx.positions.clone(),
         ops: Arc::new(OpsDeps {
             producer: producer.clone(),
             rt: rt.clone(),

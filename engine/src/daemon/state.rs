@@ -6,6 +6,7 @@ use crate::daemon::api::ApiError;
 use crate::daemon::governor::{Governor, SIGNAL_WINDOW};
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats, StatsView};
 use crate::mq::Names;
+use crate::mq::position::Positions;
 use crate::mq::rocket::RocketProducer;
 use crate::pipeline::ingress::Ingress;
 use crate::reservation::ReservationStore;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub ready: Arc<AtomicBool>,
     /// The order consumer pulls (or stopped waiting to; see `daemon`).
     pub consuming: Arc<AtomicBool>,
+    /// Where the consumers have got to, queue by queue (§10.4).
+    pub positions: Arc<Positions>,
     /// What the operator API's replays and restores need beyond the
     /// stores.
     pub ops: Arc<OpsDeps>,
@@ -52,7 +55,7 @@ pub struct OpsDeps {
 
 impl AppState {
     pub fn stats_view(&self) -> StatsView {
-        StatsView::of(
+        let view = StatsView::of(
             &self.stats,
             &self.lifecycle,
             &self.consume,
@@ -60,7 +63,11 @@ impl AppState {
             crate::store::db::pool_view(&self.pool),
             self.governor.view(),
             self.circuit.view(),
-        )
+        );
+        StatsView {
+            positions: self.positions.view(),
+            ..view
+        }
     }
 }
 

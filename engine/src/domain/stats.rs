@@ -282,6 +282,20 @@ pub struct StatsView {
     pub governor: GovernorView,
     #[serde(default)]
     pub circuit: CircuitView,
+    /// Where this daemon's consumers have got to, queue by queue: fresher
+    /// than the broker's committed offsets (docs/architecture.md §10.4).
+    #[serde(default)]
+    pub positions: Vec<QueuePosition>,
+}
+
+/// The first offset of one queue a daemon has not yet answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuePosition {
+    pub group: String,
+    pub topic: String,
+    pub broker: String,
+    pub queue_id: i32,
+    pub offset: i64,
 }
 
 /// The send circuit (docs/architecture.md §6.7): CLOSED, OPEN or PROBING,
@@ -450,6 +464,8 @@ impl StatsView {
     ) -> Self {
         Self {
             circuit,
+            // The consumers' own, read by their owner (`mq::position`).
+            positions: Vec::new(),
             lifecycle: LifecycleView::of(l),
             consume: ConsumeView::of(c, window),
             pool,
@@ -591,6 +607,21 @@ impl StatsView {
                 limit: g.limit + h.limit,
                 budget: g.budget + h.budget,
             },
+            // A queue has one owner at a time; a daemon that just gave one
+            // up may still list it, never ahead of the new owner's truth.
+            positions: {
+                let mut all = self.positions;
+                for q in o.positions {
+                    match all.iter_mut().find(|p| {
+                        (&p.group, &p.topic, &p.broker, p.queue_id)
+                            == (&q.group, &q.topic, &q.broker, q.queue_id)
+                    }) {
+                        Some(p) => p.offset = p.offset.max(q.offset),
+                        None => all.push(q),
+                    }
+                }
+                all
+            },
             circuit: CircuitView {
                 opened: self.circuit.opened + o.circuit.opened,
                 held: self.circuit.held + o.circuit.held,
@@ -647,6 +678,23 @@ mod tests {
         // One daemon is itself.
         let one = StatsView::merge([&a]).unwrap();
         assert_eq!(one.consume.created, 100);
+    }
+
+    #[test]
+    fn positions_merge_into_the_furthest_per_queue() {
+        let at = |queue_id, offset| QueuePosition {
+            group: "g".into(),
+            topic: "t".into(),
+            broker: "b".into(),
+            queue_id,
+            offset,
+        };
+        let mut a = view(1, 1.0, "CLOSED", true);
+        a.positions = vec![at(0, 10), at(1, 5)];
+        let mut b = view(1, 1.0, "CLOSED", true);
+        b.positions = vec![at(1, 7), at(2, 3)];
+        let m = StatsView::merge([&a, &b]).unwrap();
+        assert_eq!(m.positions, vec![at(0, 10), at(1, 7), at(2, 3)]);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! routes, versions).
 
 pub mod classify;
+pub mod position;
 pub mod rocket;
 pub mod topics;
 
@@ -170,6 +171,9 @@ pub struct ConsumerSpec {
     /// `topic`, i.e. whether it pulls. Until then messages wait in the
     /// broker, which is what a daemon's readiness must say (see `daemon`).
     pub assigned: Option<tokio::sync::watch::Sender<bool>>,
+    /// Where the consumer has got to in each queue, for `/v1/stats`
+    /// (docs/architecture.md §10.4).
+    pub positions: Option<std::sync::Arc<position::Positions>>,
 }
 
 impl ConsumerSpec {
@@ -185,6 +189,7 @@ impl ConsumerSpec {
             max_reconsume_times: 3,
             start_from: StartFrom::First,
             assigned: None,
+            positions: None,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! hung connection is reported rather than waited on.
 
 use super::classify::{DefiniteCause, FailureKind, UnknownCause, classify};
+use super::position::{Positions, QueueKey};
 use super::{
     BrokerInfo, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Lag, LagDetail,
     OutgoingMessage, Producer, SendOutcome, SendReceipt, StartFrom, TopicSpec, TopicType,
@@ -267,15 +268,35 @@ fn incoming(m: &MessageExt) -> IncomingMessage {
 struct Listener<H> {
     handler: Arc<H>,
     rt: tokio::runtime::Handle,
+    /// Where each queue has got to (`None`: not tracked).
+    positions: Option<(String, Arc<Positions>)>,
 }
 
 impl<H: Handler> MessageListenerConcurrently for Listener<H> {
     fn consume_message(
         &self,
         msgs: &[&MessageExt],
-        _ctx: &ConsumeConcurrentlyContext,
+        ctx: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let batch: Vec<IncomingMessage> = msgs.iter().map(|m| incoming(m)).collect();
+        // One listener call holds one queue's messages, in offset order.
+        let span = batch
+            .iter()
+            .map(|m| m.queue_offset)
+            .fold(None, |r: Option<(i64, i64)>, o| {
+                Some(r.map_or((o, o + 1), |(a, b)| (a.min(o), b.max(o + 1))))
+            });
+        let lane = self.positions.as_ref().zip(span).map(|((group, p), span)| {
+            let q = ctx.get_message_queue();
+            let key = QueueKey {
+                group: group.clone(),
+                topic: q.topic().to_string(),
+                broker: q.broker_name().to_string(),
+                queue_id: q.queue_id(),
+            };
+            p.started(key.clone(), span.0);
+            (p, key, span)
+        });
         let handler = self.handler.clone();
         // The listener runs on a blocking thread of the engine's runtime
         // (ROCKETMQ.md), so blocking on the runtime here is allowed. The
@@ -284,6 +305,11 @@ impl<H: Handler> MessageListenerConcurrently for Listener<H> {
         let verdict = self
             .rt
             .block_on(self.rt.spawn(async move { handler.handle(batch).await }));
+        // A retry is answered too: the client sends the batch back to
+        // `%RETRY%` and moves on (its lag is measured there).
+        if let Some((p, key, (start, end))) = lane {
+            p.answered(key, start, end);
+        }
         Ok(match verdict {
             Ok(ConsumeVerdict::Ack) => ConsumeConcurrentlyStatus::ConsumeSuccess,
             Ok(ConsumeVerdict::Retry) => ConsumeConcurrentlyStatus::ReconsumeLater,
@@ -301,13 +327,16 @@ pub struct RocketConsumer {
     group: String,
 }
 
-/// Tells [`ConsumerSpec::assigned`] whether a rebalance gave this consumer
-/// queues of its topic. The client calls it after the new queues' pull
-/// requests are dispatched, and only for a changed assignment. The retry
-/// topic it also subscribes to does not count.
+/// Hears the client's rebalances. It tells [`ConsumerSpec::assigned`]
+/// whether this consumer got queues of its topic (the retry topic it also
+/// subscribes to does not count), and drops the positions of queues that
+/// moved. The client calls it after the new queues' pull requests are
+/// dispatched, and only for a changed assignment.
 struct Assigned {
+    group: String,
     topic: String,
-    tell: tokio::sync::watch::Sender<bool>,
+    tell: Option<tokio::sync::watch::Sender<bool>>,
+    positions: Option<Arc<Positions>>,
 }
 
 impl MessageQueueListener for Assigned {
@@ -317,8 +346,15 @@ impl MessageQueueListener for Assigned {
         _all: &HashSet<MessageQueue>,
         assigned: &HashSet<MessageQueue>,
     ) {
-        if topic == self.topic {
-            self.tell.send_replace(!assigned.is_empty());
+        if let Some(p) = &self.positions {
+            let queues = assigned
+                .iter()
+                .map(|q| (q.broker_name().to_string(), q.queue_id()))
+                .collect();
+            p.reassigned(&self.group, topic, queues);
+        }
+        if let Some(tell) = self.tell.as_ref().filter(|_| topic == self.topic) {
+            tell.send_replace(!assigned.is_empty());
         }
     }
 }
@@ -335,6 +371,8 @@ impl RocketConsumer {
         // client's default is 5 s; 1 s is its minimum.
         let mut client = rocketmq_client_rust::ClientConfig::default();
         client.set_persist_consumer_offset_interval(1_000);
+        // Positions need every offset delivered: a tag filter leaves gaps.
+        let positions = spec.positions.clone().filter(|_| spec.tags == "*");
         let mut inner = DefaultMQPushConsumer::builder(rt)
             .client_config(client)
             .consumer_group(spec.group.clone())
@@ -349,10 +387,12 @@ impl RocketConsumer {
                 StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
                 StartFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
             })
-            .message_queue_listener(spec.assigned.clone().map(|tell| {
+            .message_queue_listener((spec.assigned.is_some() || positions.is_some()).then(|| {
                 Arc::new(Assigned {
+                    group: spec.group.clone(),
                     topic: spec.topic.clone(),
-                    tell,
+                    tell: spec.assigned.clone(),
+                    positions: positions.clone(),
                 }) as ArcMessageQueueListener
             }))
             .build();
@@ -365,6 +405,7 @@ impl RocketConsumer {
         inner.register_message_listener_concurrently(Listener {
             handler,
             rt: tokio::runtime::Handle::current(),
+            positions: positions.map(|p| (spec.group.clone(), p)),
         });
         Box::pin(inner.start())
             .await
@@ -632,6 +673,21 @@ impl RocketAdmin {
         probe: i32,
         max_queues: usize,
     ) -> Result<LagDetail, MqError> {
+        self.lag_detail_with(topic, group, probe, max_queues, &BTreeMap::new())
+            .await
+    }
+
+    /// [`Self::lag_detail`], each queue counted from the further of the
+    /// broker's committed offset and the consumer's own position there,
+    /// keyed by (broker, queue), as daemons report them (§10.4).
+    pub async fn lag_detail_with(
+        &self,
+        topic: &str,
+        group: &str,
+        probe: i32,
+        max_queues: usize,
+        positions: &BTreeMap<(String, i32), i64>,
+    ) -> Result<LagDetail, MqError> {
         let mut d = LagDetail::default();
         let mut oldest_store_ms: Option<i64> = None;
         let now_ms = std::time::SystemTime::now()
@@ -659,7 +715,13 @@ impl RocketAdmin {
             .await?;
             let mut behind = Vec::new();
             for (mq, w) in &stats.offset_table {
-                let (consumer, head) = (w.get_consumer_offset().max(0), w.get_broker_offset());
+                let head = w.get_broker_offset();
+                // A consumer's own position, read just before, is fresher
+                // than the offset it last told the broker (§10.4).
+                let told = w.get_consumer_offset().max(0);
+                let consumer = positions
+                    .get(&(mq.broker_name().to_string(), mq.queue_id()))
+                    .map_or(told, |p| told.max((*p).min(head)));
                 d.broker_offsets += head;
                 d.consumer_offsets += consumer.min(head);
                 if head > consumer {

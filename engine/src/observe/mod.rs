@@ -350,20 +350,11 @@ impl Observer {
         let at_ms = now_ms();
         let horizon_ms = (self.cfg.alerts.expiry_horizon_s * 1000.0) as i64;
         let limit = self.cfg.admin_timeout();
-        let (groups, pending, pg, dlq, registered, uptime, lost) = tokio::join!(
-            bounded(
-                limit,
-                groups(
-                    self.admin.as_ref(),
-                    &self.names,
-                    at_ms + horizon_ms,
-                    self.head_probe,
-                    self.head_queues,
-                )
-            ),
-            bounded(limit * 2, pending(self.store.as_ref(), at_ms + horizon_ms)),
-            bounded(limit, pg_server(self.pool.as_ref())),
-            bounded(limit, dlq(self.pool.as_ref())),
+        // The engines are read before the broker: their queue positions
+        // are fresher than the broker's committed offsets, and read first
+        // they can only be behind the truth the broker is then asked about
+        // (§10.4). Redis, PostgreSQL and the rest go meanwhile.
+        let (read, pending, pg, dlq, uptime, lost) = tokio::join!(
             async {
                 let registry =
                     bounded(limit, registry(self.pool.as_ref(), &self.cfg.registry)).await;
@@ -375,11 +366,28 @@ impl Observer {
                     }
                     false => Vec::new(),
                 };
-                (registry, asked)
+                let positions = Reported::of(asked.iter().filter_map(|s| s.stats.as_ref()));
+                let groups = bounded(
+                    limit,
+                    groups(
+                        self.admin.as_ref(),
+                        &self.names,
+                        &positions,
+                        at_ms + horizon_ms,
+                        self.head_probe,
+                        self.head_queues,
+                    ),
+                )
+                .await;
+                (groups, (registry, asked))
             },
+            bounded(limit * 2, pending(self.store.as_ref(), at_ms + horizon_ms)),
+            bounded(limit, pg_server(self.pool.as_ref())),
+            bounded(limit, dlq(self.pool.as_ref())),
             bounded(limit, broker_uptime(self.admin.as_ref(), self.uptime)),
             bounded(limit, redis_lost(self.pool.as_ref(), self.store.as_ref())),
         );
+        let (groups, registered) = read;
         let e = &mut errors;
         let groups = take(e, Source::Rocketmq, groups).unwrap_or_default();
         let pending = take(e, Source::Redis, pending).unwrap_or_default();
@@ -464,6 +472,7 @@ use SourceFailure::NotConnected as DOWN;
 async fn groups(
     admin: Option<&RocketAdmin>,
     names: &Names,
+    positions: &Reported,
     expiring_before_ms: i64,
     head_probe: i32,
     head_queues: usize,
@@ -478,7 +487,13 @@ async fn groups(
             1
         };
         let main = admin
-            .lag_detail(&topic, &group, probe, head_queues)
+            .lag_detail_with(
+                &topic,
+                &group,
+                probe,
+                head_queues,
+                &positions.of_topic(&group, &topic),
+            )
             .await
             .map_err(|source| SourceFailure::Group {
                 group: group.clone(),
@@ -486,12 +501,14 @@ async fn groups(
             })?;
         // `%RETRY%<group>` exists only once something was retried; its
         // absence is the common case, and the main topic's lag stands.
+        let retry_topic = crate::mq::topics::retry_topic(&group);
         let retry = admin
-            .lag_detail(
-                &crate::mq::topics::retry_topic(&group),
+            .lag_detail_with(
+                &retry_topic,
                 &group,
                 1,
                 head_queues,
+                &positions.of_topic(&group, &retry_topic),
             )
             .await
             .unwrap_or_default();
@@ -611,6 +628,34 @@ async fn registry(
 /// How long a dead daemon stays in the console's samples: long enough to
 /// read during an incident, short enough that last week's restarts are gone.
 pub const DEAD_SHOWN: Duration = Duration::from_secs(600);
+
+/// Every answering engine's queue positions (docs/architecture.md §10.4),
+/// the furthest per queue.
+#[derive(Debug, Default)]
+struct Reported(BTreeMap<(String, String), BTreeMap<(String, i32), i64>>);
+
+impl Reported {
+    fn of<'a>(views: impl IntoIterator<Item = &'a StatsView>) -> Self {
+        let mut all = Reported::default();
+        for q in views.into_iter().flat_map(|v| &v.positions) {
+            let at = all
+                .0
+                .entry((q.group.clone(), q.topic.clone()))
+                .or_default()
+                .entry((q.broker.clone(), q.queue_id))
+                .or_insert(q.offset);
+            *at = (*at).max(q.offset);
+        }
+        all
+    }
+
+    fn of_topic(&self, group: &str, topic: &str) -> BTreeMap<(String, i32), i64> {
+        self.0
+            .get(&(group.to_owned(), topic.to_owned()))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
 
 fn live_count(rows: &[crate::ops::engines::EngineView]) -> u32 {
     let live = rows

@@ -262,6 +262,21 @@ fn ratio(prev: Option<(u64, u64)>, cur: (u64, u64)) -> Ratio {
     Ratio { bad, total }
 }
 
+/// The worst group's lag that held across the window: per group the
+/// lesser of its two readings (docs/architecture.md §11.2). A stuck group's
+/// lag only grows, so it fires one window later; a queue that merely moved
+/// between daemons, waiting a second for its new owner's first pull, does
+/// not page anyone. A group first seen now counts at its current reading.
+fn sustained_lag(prev: Option<&Sample>, cur: &Sample) -> f64 {
+    cur.groups
+        .iter()
+        .map(|g| {
+            prev.and_then(|p| p.groups.iter().find(|b| b.group == g.group))
+                .map_or(g.lag_seconds, |b| b.lag_seconds.min(g.lag_seconds))
+        })
+        .fold(0.0, f64::max)
+}
+
 pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
     let rocket_ok = cur.error(Source::Rocketmq).is_none();
     let redis_ok = cur.error(Source::Redis).is_none();
@@ -284,8 +299,10 @@ pub fn alert_inputs(prev: Option<&Sample>, cur: &Sample) -> AlertInputs {
     };
     AlertInputs {
         pending_oldest_age_s: pending_age,
-        consumer_lag_s: rocket_ok
-            .then(|| cur.groups.iter().map(|g| g.lag_seconds).fold(0.0, f64::max)),
+        consumer_lag_s: rocket_ok.then(|| {
+            let before = prev.filter(|p| p.error(Source::Rocketmq).is_none());
+            sustained_lag(before, cur)
+        }),
         send_unknown: cur
             .engine
             .as_ref()
@@ -470,6 +487,28 @@ mod tests {
         // One sample: no rates, the verdict by lag alone.
         let rows = backlog(None, &c, &n);
         assert_eq!((rows[0].consume_per_s, rows[0].drain), (None, None));
+    }
+
+    #[test]
+    fn the_lag_alert_reads_what_held_across_the_window() {
+        let n = Names::new("T_");
+        let at = |lag| sample(0, vec![group(&n, 10, 0, lag)]);
+        let lag = |prev: Option<&Sample>, cur: &Sample| alert_inputs(prev, cur).consumer_lag_s;
+        // A queue that moved: one reading high, the next one low again.
+        assert_eq!(lag(Some(&at(0.4)), &at(2.7)), Some(0.4));
+        assert_eq!(lag(Some(&at(2.7)), &at(0.4)), Some(0.4));
+        // A stuck group keeps growing: it fires one window later.
+        assert_eq!(lag(Some(&at(2.6)), &at(3.6)), Some(2.6));
+        // One sample, or a group not there before: the reading as it is.
+        assert_eq!(lag(None, &at(2.7)), Some(2.7));
+        assert_eq!(lag(Some(&sample(0, vec![])), &at(2.7)), Some(2.7));
+        // The broker unread before: that reading says nothing.
+        let mut blind = at(0.1);
+        blind.errors.push(super::super::SourceError {
+            source: Source::Rocketmq,
+            error: "down".into(),
+        });
+        assert_eq!(lag(Some(&blind), &at(2.7)), Some(2.7));
     }
 
     #[test]
