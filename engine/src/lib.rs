@@ -79,6 +79,7 @@ pub use domain::stats::{
     StatsView,
 };
 pub use domain::status::{self, *};
+pub use domain::trace::{TraceId, parse_traceparent};
 
 // Pure decisions.
 pub use decide::alerts::{self, Alert, AlertConfig, AlertInputs, AlertState, Ratio};

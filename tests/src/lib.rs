@@ -228,12 +228,14 @@ pub fn reserve_request(
     now_ms: i64,
     valid_for_ms: i64,
 ) -> ReserveRequest {
+    let reservation_id = ReservationId::generate();
     ReserveRequest {
         activity_id: activity,
         sku_id: sku,
         user_id: UserId(user),
         request_id: RequestId::generate(),
-        reservation_id: ReservationId::generate(),
+        trace_id: seckill_engine::TraceId::of_reservation(&reservation_id),
+        reservation_id,
         message_id: MessageId::generate(),
         order_id: OrderId::generate(),
         now_ms,

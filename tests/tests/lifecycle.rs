@@ -426,12 +426,14 @@ async fn reserved_with_task(
     source: CompensationSource,
 ) -> Result<ReleaseReservation> {
     let now = Utc::now().timestamp_millis();
+    let reservation_id = ReservationId::generate();
     let req = ReserveRequest {
         activity_id: ACTIVITY,
         sku_id: SKU,
         user_id: UserId(user),
         request_id: RequestId::generate(),
-        reservation_id: ReservationId::generate(),
+        trace_id: seckill_engine::TraceId::of_reservation(&reservation_id),
+        reservation_id,
         message_id: MessageId::generate(),
         order_id: OrderId::generate(),
         now_ms: now,

@@ -6,8 +6,8 @@ use anyhow::{Result, ensure};
 use seckill_engine::{
     ActivityId, Config, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, NewActivity,
     OrderConsumer, Producer, RequestId, Reservation, ReservationId, ReservationStore,
-    ReserveOutcome, ReserveRequest, RocketConsumer, RocketProducer, SkuId, TopicKind, activity,
-    message::TraceContext, publish::order_message, publish::to_outgoing,
+    ReserveOutcome, ReserveRequest, RocketConsumer, RocketProducer, SkuId, TopicKind, TraceId,
+    activity, message::TraceContext, publish::order_message, publish::to_outgoing,
 };
 use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run};
 use std::sync::Arc;
@@ -733,6 +733,91 @@ fn a_mixed_run_pays_some_cancels_the_rest_and_both_books_balance() {
         );
         let report = seckill_engine::reconcile::run(&env.pool, &s, ACTIVITY).await?;
         assert!(report.passed(), "{report:#?}");
+        Ok(())
+    });
+}
+
+/// docs/architecture.md §11.5: one W3C trace per reservation. A valid
+/// incoming `traceparent` is honoured, an invalid one ignored (the trace is
+/// the reservation id's), and every send of the message, the scanner's
+/// included, carries that trace in its property and body.
+#[test]
+fn one_trace_per_reservation_from_the_header_or_the_id() {
+    run(Setup::Full, |env| async move {
+        seed(&env, 4, 300_000).await?;
+        let engine = Engine::start(&env, engine_cfg(&env, 32)).await?;
+        let a = ACTIVITY.0.to_string();
+        let honoured = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let mut want = std::collections::BTreeMap::new();
+        for (user, header) in [
+            (1, Some(format!("00-{honoured}-00f067aa0ba902b7-01"))),
+            (2, None),
+            (3, Some("00-not-a-trace-01".to_owned())),
+        ] {
+            let mut req = engine
+                .http
+                .post(format!(
+                    "http://{}/v1/activities/{a}/skus/{}/reservations",
+                    engine.addr, SKU.0
+                ))
+                .json(&serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}));
+            if let Some(h) = &header {
+                req = req.header("traceparent", h);
+            }
+            let r = req.send().await?;
+            ensure!(r.status().as_u16() == 202, "user {user}: {}", r.status());
+            let body: serde_json::Value = r.json().await?;
+            let rsv: ReservationId = body["reservation_id"].as_str().unwrap_or("").parse()?;
+            let trace = if user == 1 {
+                honoured.to_owned()
+            } else {
+                TraceId::of_reservation(&rsv).to_string()
+            };
+            ensure!(body["trace_id"] == trace.as_str(), "user {user}: {body}");
+            want.insert(rsv.to_string(), trace);
+        }
+        // Reserved and never offered to the publisher: the scanner sends
+        // it, with the trace the reservation was stored with.
+        let now = chrono::Utc::now().timestamp_millis();
+        let mut req = reserve_request(ACTIVITY, SKU, 4, now, 300_000);
+        req.trace_id = TraceId::parse("0af7651916cd43dd8448eb211c80319c").expect("a trace id");
+        let ReserveOutcome::Reserved(r) = store(&env).reserve(&req, now).await? else {
+            anyhow::bail!("not reserved");
+        };
+        want.insert(r.reservation_id.to_string(), req.trace_id.to_string());
+
+        let topic = env.names.topic(TopicKind::OrderCreate);
+        let seen = eventually(Duration::from_secs(60), "four order messages", || async {
+            let mut seen = std::collections::BTreeMap::new();
+            for (broker, q) in env.admin.queue_offsets(&topic).await? {
+                if q.max > q.min {
+                    let pulled = env
+                        .admin
+                        .pull(&broker, &topic, q.queue_id, q.min, (q.max - q.min) as i32)
+                        .await?;
+                    for m in pulled.messages {
+                        let body: serde_json::Value = serde_json::from_slice(&m.body)?;
+                        let key = body["reservation_id"].as_str().unwrap_or("").to_owned();
+                        let prop = m.property("traceparent").unwrap_or("").to_owned();
+                        seen.insert(key, (body["trace"]["trace_id"].clone(), prop));
+                    }
+                }
+            }
+            Ok((seen.len() >= 4).then_some(seen))
+        })
+        .await?;
+        for (rsv, trace) in &want {
+            let (in_body, prop) = seen.get(rsv).cloned().unwrap_or_default();
+            ensure!(
+                in_body == trace.as_str(),
+                "{rsv}: body trace {in_body}, want {trace}"
+            );
+            ensure!(
+                prop.starts_with(&format!("00-{trace}-")),
+                "{rsv}: traceparent {prop:?}, want trace {trace}"
+            );
+        }
+        engine.stop().await?;
         Ok(())
     });
 }

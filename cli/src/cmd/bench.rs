@@ -1062,6 +1062,7 @@ mod tests {
             reservation_id: id.clone(),
             order_id: OrderId::generate(),
             message_id: MessageId::generate(),
+            trace_id: None,
         });
         assert_eq!(
             answer(StatusCode::ACCEPTED, &body),

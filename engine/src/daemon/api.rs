@@ -4,6 +4,7 @@
 
 use crate::dlq::replay::Check;
 use crate::domain::ids::{ActivityId, MessageId, OrderId, ReservationId, SkuId};
+use crate::domain::trace::TraceId;
 use crate::ops::reservation_status::ReservationStatus;
 use crate::pipeline::order::OrderRow;
 use serde::{Deserialize, Serialize};
@@ -23,6 +24,9 @@ pub struct Queued {
     pub reservation_id: ReservationId,
     pub order_id: OrderId,
     pub message_id: MessageId,
+    /// The reservation's W3C trace (docs/architecture.md §11.5).
+    #[serde(default)]
+    pub trace_id: Option<TraceId>,
 }
 
 /// Every 4xx and 5xx: a stable code and a reason for people.

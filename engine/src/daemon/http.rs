@@ -15,6 +15,7 @@ use crate::daemon::state::reject;
 use crate::domain::auth::{Actor, Need};
 use crate::domain::ids::{ActivityId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::stats::StatsView;
+use crate::domain::trace::parse_traceparent;
 use crate::pipeline::ingress::{Refusal, ReserveCall};
 use crate::pipeline::order::{self, PayOutcome};
 use axum::extract::{Extension, Path, State};
@@ -110,6 +111,7 @@ pub fn admin_router(state: AppState) -> Router {
 async fn reserve(
     State(state): State<AppState>,
     Path((activity, sku)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     JsonBody(body): JsonBody<ReserveBody>,
 ) -> Response {
     let Ok(activity) = activity.parse::<ActivityId>() else {
@@ -152,6 +154,10 @@ async fn reserve(
         sku,
         user: UserId(body.user_id),
         request_id,
+        trace: headers
+            .get("traceparent")
+            .and_then(|h| h.to_str().ok())
+            .and_then(parse_traceparent),
     };
     match state.ingress.reserve(call).await {
         Ok(r) => (
@@ -161,6 +167,7 @@ async fn reserve(
                 reservation_id: r.reservation_id,
                 order_id: r.order_id,
                 message_id: r.message_id,
+                trace_id: Some(r.trace_id),
             }),
         )
             .into_response(),

@@ -5,6 +5,7 @@
 
 use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::status::{CompensationSource, OrderStatus, QuarantineReason};
+use crate::domain::trace::TraceId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,19 @@ pub struct TraceContext {
 }
 
 impl TraceContext {
+    /// A new span of the reservation's trace: each send of its message is
+    /// one (docs/architecture.md §11.5).
+    pub fn child_of(trace: &TraceId) -> Self {
+        let trace_id = trace.to_string();
+        let span_id = format!("{:016x}", rand::random::<u64>() | 1);
+        let traceparent = format!("00-{trace_id}-{span_id}-01");
+        Self {
+            trace_id,
+            span_id,
+            traceparent,
+        }
+    }
+
     /// A fresh W3C trace context (version 00, sampled).
     pub fn generate() -> Self {
         let trace_id = format!("{:032x}", rand::random::<u128>());

@@ -8,3 +8,4 @@ pub mod message;
 pub mod singleton;
 pub mod stats;
 pub mod status;
+pub mod trace;

@@ -5,6 +5,7 @@
 
 use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::message::TraceContext;
+use crate::domain::trace::TraceId;
 use crate::pipeline::publish::{Publisher, order_message};
 use crate::reservation::{
     Reservation, ReservationError, ReservationStore, ReserveOutcome, ReserveRequest,
@@ -82,6 +83,9 @@ pub struct ReserveCall {
     pub sku: SkuId,
     pub user: UserId,
     pub request_id: RequestId,
+    /// The trace of a valid incoming `traceparent`; else the reservation
+    /// traces by its own id (docs/architecture.md §11.5).
+    pub trace: Option<TraceId>,
 }
 
 #[derive(Clone)]
@@ -151,12 +155,16 @@ impl Ingress {
             .ok_or(Refusal::BadActivityConfig(call.activity))?;
         // The message_id is fixed here, before the reservation, and never
         // changes (docs/architecture.md §3).
+        let reservation_id = ReservationId::generate();
         let req = ReserveRequest {
             activity_id: call.activity,
             sku_id: call.sku,
             user_id: call.user,
             request_id: call.request_id,
-            reservation_id: ReservationId::generate(),
+            trace_id: call
+                .trace
+                .unwrap_or_else(|| TraceId::of_reservation(&reservation_id)),
+            reservation_id,
             message_id: MessageId::generate(),
             order_id: OrderId::generate(),
             now_ms: now,
@@ -170,7 +178,7 @@ impl Ingress {
             ReserveOutcome::Reserved(r) => {
                 self.count_accepted(call.activity);
                 self.publisher
-                    .offer(order_message(&r, TraceContext::generate()));
+                    .offer(order_message(&r, TraceContext::child_of(&r.trace_id)));
                 Ok(r)
             }
             // The same request_id must mean the same request: another user

@@ -331,8 +331,10 @@ mod tests {
     };
 
     fn reservation(created_at_ms: i64) -> Reservation {
+        let reservation_id = ReservationId::generate();
         Reservation {
-            reservation_id: ReservationId::generate(),
+            trace_id: crate::domain::trace::TraceId::of_reservation(&reservation_id),
+            reservation_id,
             message_id: MessageId::generate(),
             request_id: RequestId::generate(),
             order_id: OrderId::generate(),

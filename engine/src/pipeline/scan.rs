@@ -126,7 +126,7 @@ async fn pass_activity<P: Producer>(
         .into_iter()
         .partition(|r| now > r.valid_until_ms + EXPIRY_GRACE_MS);
     for r in &expired {
-        settle_expired(deps, &order_message(r, TraceContext::generate())).await?;
+        settle_expired(deps, &order_message(r, TraceContext::child_of(&r.trace_id))).await?;
     }
     deps.stats.resent.add(live.len() as u64);
     deps.stats.resend_expired.add(expired.len() as u64);
@@ -157,7 +157,12 @@ async fn pass_activity<P: Producer>(
         let (base, max) = (cfg.backoff_base_ms, cfg.backoff_max_ms);
         let msgs: Vec<_> = chunk
             .iter()
-            .map(|r| (order_message(r, TraceContext::generate()), r.send_attempt))
+            .map(|r| {
+                (
+                    order_message(r, TraceContext::child_of(&r.trace_id)),
+                    r.send_attempt,
+                )
+            })
             .collect();
         workers.spawn(async move {
             let batch: Vec<_> = msgs.iter().map(|(m, _)| m.clone()).collect();

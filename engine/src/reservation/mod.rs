@@ -30,6 +30,7 @@ pub use store::{ReplicaWait, ReservationStore};
 
 use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
 use crate::domain::status::UnknownVariant;
+use crate::domain::trace::TraceId;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::fmt;
@@ -130,6 +131,9 @@ pub struct Reservation {
     pub valid_until_ms: i64,
     pub broker_message_id: Option<String>,
     pub last_error: Option<String>,
+    /// Its W3C trace (docs/architecture.md §11.5): the incoming
+    /// `traceparent`'s, or derived from the id.
+    pub trace_id: TraceId,
 }
 
 impl Reservation {
@@ -143,7 +147,6 @@ impl Reservation {
     ) -> Result<Self, ReservationError> {
         let f = Fields { key, hash };
         Ok(Self {
-            reservation_id,
             message_id: f.parse("message_id")?,
             request_id: f.parse("request_id")?,
             order_id: f.parse("order_id")?,
@@ -159,6 +162,13 @@ impl Reservation {
             valid_until_ms: f.parse("valid_until")?,
             broker_message_id: f.optional("broker_message_id")?,
             last_error: f.optional("last_error")?,
+            // A hash written before traces were stored, or rebuilt from
+            // PostgreSQL, traces by its id, as its first send did.
+            trace_id: hash
+                .get("trace_id")
+                .and_then(|t| TraceId::parse(t))
+                .unwrap_or_else(|| TraceId::of_reservation(&reservation_id)),
+            reservation_id,
         })
     }
 }
@@ -224,6 +234,7 @@ pub struct ReserveRequest {
     pub order_id: OrderId,
     pub now_ms: i64,
     pub valid_until_ms: i64,
+    pub trace_id: TraceId,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -465,6 +476,12 @@ mod tests {
         assert_eq!(r.send_attempt, 4);
         assert_eq!(r.lease_owner.as_deref(), Some("scanner-a"));
         assert_eq!(r.broker_message_id, None);
+        // A hash without a stored trace traces by its id.
+        assert_eq!(r.trace_id, TraceId::of_reservation(&id));
+        let mut h = sample_hash();
+        h.insert("trace_id".into(), "4bf92f3577b34da6a3ce929d0e0e4736".into());
+        let r = Reservation::from_hash(ActivityId(1), id.clone(), "k", &h).unwrap();
+        assert_eq!(r.trace_id.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
     }
 
     #[test]

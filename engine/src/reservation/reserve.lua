@@ -3,7 +3,8 @@
 -- a crash can never leave stock taken without a pending entry for the scanner.
 -- KEYS: 1 req, 2 stock, 3 buyers, 4 rsv, 5 pending, 6 epoch
 -- ARGV: 1 reservation_id, 2 message_id, 3 request_id, 4 order_id, 5 sku_id,
---       6 user_id, 7 now_ms, 8 valid_until_ms, 9 first_retry_at_ms, 10 ttl_ms
+--       6 user_id, 7 now_ms, 8 valid_until_ms, 9 first_retry_at_ms, 10 ttl_ms,
+--       11 trace_id (docs/architecture.md §11.5: re-sends keep the trace)
 local existing = redis.call('GET', KEYS[1])
 if existing then return {'EXISTING', existing} end
 -- No epoch: never seeded, or Redis lost the activity's state (a restart
@@ -26,7 +27,7 @@ redis.call('HSET', KEYS[4],
   'mq_status', 'MQ_PENDING', 'send_attempt', 0, 'next_retry_at', ARGV[9],
   'lease_owner', '', 'lease_until', 0,
   'created_at', ARGV[7], 'valid_until', ARGV[8],
-  'broker_message_id', '', 'last_error', '')
+  'broker_message_id', '', 'last_error', '', 'trace_id', ARGV[11])
 redis.call('PEXPIRE', KEYS[4], ARGV[10])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[10])
 redis.call('ZADD', KEYS[5], ARGV[9], ARGV[1])

@@ -221,6 +221,7 @@ impl ReservationStore {
             req.valid_until_ms.to_string(),
             first_retry_at_ms.to_string(),
             physical_ttl_ms(req.now_ms, req.valid_until_ms).to_string(),
+            req.trace_id.to_string(),
         ];
         let reply: Vec<String> = self
             .eval_acknowledged(
@@ -250,6 +251,7 @@ impl ReservationStore {
                 valid_until_ms: req.valid_until_ms,
                 broker_message_id: None,
                 last_error: None,
+                trace_id: req.trace_id.clone(),
             })),
             // Read in a second call: the hash's key is only known from the
             // request key's value, and a script should touch declared keys.
