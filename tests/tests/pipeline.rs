@@ -301,15 +301,26 @@ async fn post(
     activity: &str,
     body: serde_json::Value,
 ) -> Result<(u16, serde_json::Value)> {
-    let r = engine
+    post_traced(engine, activity, body, None).await
+}
+
+async fn post_traced(
+    engine: &Engine,
+    activity: &str,
+    body: serde_json::Value,
+    traceparent: Option<&str>,
+) -> Result<(u16, serde_json::Value)> {
+    let mut req = engine
         .http
         .post(format!(
             "http://{}/v1/activities/{activity}/skus/{}/reservations",
             engine.addr, SKU.0
         ))
-        .json(&body)
-        .send()
-        .await?;
+        .json(&body);
+    if let Some(h) = traceparent {
+        req = req.header("traceparent", h);
+    }
+    let r = req.send().await?;
     let code = r.status().as_u16();
     Ok((code, r.json().await.unwrap_or_default()))
 }
@@ -754,19 +765,10 @@ fn one_trace_per_reservation_from_the_header_or_the_id() {
             (2, None),
             (3, Some("00-not-a-trace-01".to_owned())),
         ] {
-            let mut req = engine
-                .http
-                .post(format!(
-                    "http://{}/v1/activities/{a}/skus/{}/reservations",
-                    engine.addr, SKU.0
-                ))
-                .json(&serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}));
-            if let Some(h) = &header {
-                req = req.header("traceparent", h);
-            }
-            let r = req.send().await?;
-            ensure!(r.status().as_u16() == 202, "user {user}: {}", r.status());
-            let body: serde_json::Value = r.json().await?;
+            let body =
+                serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()});
+            let (code, body) = post_traced(&engine, &a, body, header.as_deref()).await?;
+            ensure!(code == 202, "user {user}: {body}");
             let rsv: ReservationId = body["reservation_id"].as_str().unwrap_or("").parse()?;
             let trace = if user == 1 {
                 honoured.to_owned()
