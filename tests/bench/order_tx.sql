@@ -52,6 +52,7 @@ SELECT 'CG_SECKILL_ORDER_CREATE_PG_V1' AS grp,
        array_agg(uid ORDER BY g) AS uids,
        array_agg(now() + interval '5 minutes' ORDER BY g) AS valid_untils,
        array_agg(now() ORDER BY g) AS reserved_ats,
+       array_agg(md5(rsv) ORDER BY g) AS traces,
        ARRAY[min(aid)] AS want_aids,
        ARRAY[min(sku)] AS want_skus,
        ARRAY[count(*)] AS want_units,
@@ -105,10 +106,11 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 WITH input AS (
     SELECT *
     FROM unnest(:mids::text[], :attempts::int[], :replays::text[], :rsvs::text[], :reqs::text[], :oids::text[],
-                :aids::bigint[], :skus::bigint[], :uids::bigint[], :valid_untils::timestamptz[], :reserved_ats::timestamptz[])
+                :aids::bigint[], :skus::bigint[], :uids::bigint[], :valid_untils::timestamptz[], :reserved_ats::timestamptz[],
+                :traces::text[])
          WITH ORDINALITY
          AS t (message_id, delivery_attempt, replay_id, reservation_id, request_id, order_id,
-               activity_id, sku_id, user_id, valid_until, reserved_at, ord)
+               activity_id, sku_id, user_id, valid_until, reserved_at, trace_id, ord)
 ), inbox AS (
     INSERT INTO consumer_inbox (consumer_group, message_id, status, result_code, delivery_attempt, replay_id)
     SELECT :grp::text, message_id, 'SUCCEEDED', 'ORDER_CREATED', delivery_attempt, replay_id
@@ -118,13 +120,13 @@ WITH input AS (
     RETURNING message_id
 ), claim AS (
     INSERT INTO reservations (reservation_id, message_id, request_id, order_id, activity_id,
-                              sku_id, user_id, outcome, valid_until, reserved_at)
+                              sku_id, user_id, outcome, valid_until, reserved_at, trace_id)
     SELECT DISTINCT ON (i.reservation_id)
            i.reservation_id, i.message_id, i.request_id, i.order_id, i.activity_id,
            i.sku_id, i.user_id,
            CASE WHEN now() > i.valid_until THEN 'REJECTED_EXPIRED'::reservation_outcome
                 ELSE 'ORDER_CREATED'::reservation_outcome END,
-           i.valid_until, i.reserved_at
+           i.valid_until, i.reserved_at, i.trace_id
     FROM input i
     JOIN inbox USING (message_id)
     ORDER BY i.reservation_id, i.ord

@@ -1049,6 +1049,7 @@ fn bench_scripts_run_the_consumers_statements() {
                 "uids",
                 "valid_untils",
                 "reserved_ats",
+                "traces",
             ],
         ),
         (

@@ -788,38 +788,57 @@ fn one_trace_per_reservation_from_the_header_or_the_id() {
         };
         want.insert(r.reservation_id.to_string(), req.trace_id.to_string());
 
-        let topic = env.names.topic(TopicKind::OrderCreate);
-        let seen = eventually(Duration::from_secs(60), "four order messages", || async {
-            let mut seen = std::collections::BTreeMap::new();
-            for (broker, q) in env.admin.queue_offsets(&topic).await? {
-                if q.max > q.min {
-                    let pulled = env
-                        .admin
-                        .pull(&broker, &topic, q.queue_id, q.min, (q.max - q.min) as i32)
-                        .await?;
-                    for m in pulled.messages {
-                        let body: serde_json::Value = serde_json::from_slice(&m.body)?;
-                        let key = body["reservation_id"].as_str().unwrap_or("").to_owned();
-                        let prop = m.property("traceparent").unwrap_or("").to_owned();
-                        seen.insert(key, (body["trace"]["trace_id"].clone(), prop));
-                    }
+        // Every send carries the trace, in the property and the body; the
+        // outbox carries it on to each order's ORDER_CREATED event (§11.5).
+        for (kind, what) in [
+            (TopicKind::OrderCreate, "order messages"),
+            (TopicKind::OrderEvent, "order events"),
+        ] {
+            let topic = env.names.topic(kind);
+            let seen = eventually(Duration::from_secs(60), what, || async {
+                let seen = traces_on(&env, &topic).await?;
+                Ok((seen.len() >= 4).then_some(seen))
+            })
+            .await?;
+            for (rsv, trace) in &want {
+                let (in_body, prop) = seen.get(rsv).cloned().unwrap_or_default();
+                if kind == TopicKind::OrderCreate {
+                    ensure!(
+                        in_body == trace.as_str(),
+                        "{rsv}: body trace {in_body}, want {trace}"
+                    );
                 }
+                ensure!(
+                    prop.starts_with(&format!("00-{trace}-")),
+                    "{what} of {rsv}: traceparent {prop:?}, want trace {trace}"
+                );
             }
-            Ok((seen.len() >= 4).then_some(seen))
-        })
-        .await?;
-        for (rsv, trace) in &want {
-            let (in_body, prop) = seen.get(rsv).cloned().unwrap_or_default();
-            ensure!(
-                in_body == trace.as_str(),
-                "{rsv}: body trace {in_body}, want {trace}"
-            );
-            ensure!(
-                prop.starts_with(&format!("00-{trace}-")),
-                "{rsv}: traceparent {prop:?}, want trace {trace}"
-            );
         }
         engine.stop().await?;
         Ok(())
     });
+}
+
+/// Every message of `topic`, by the reservation it is about: the body's
+/// trace id, if it has one, and the `traceparent` property.
+async fn traces_on(
+    env: &TestEnv,
+    topic: &str,
+) -> Result<std::collections::BTreeMap<String, (serde_json::Value, String)>> {
+    let mut seen = std::collections::BTreeMap::new();
+    for (broker, q) in env.admin.queue_offsets(topic).await? {
+        if q.max > q.min {
+            let pulled = env
+                .admin
+                .pull(&broker, topic, q.queue_id, q.min, (q.max - q.min) as i32)
+                .await?;
+            for m in pulled.messages {
+                let body: serde_json::Value = serde_json::from_slice(&m.body)?;
+                let key = body["reservation_id"].as_str().unwrap_or("").to_owned();
+                let prop = m.property("traceparent").unwrap_or("").to_owned();
+                seen.insert(key, (body["trace"]["trace_id"].clone(), prop));
+            }
+        }
+    }
+    Ok(seen)
 }

@@ -7,6 +7,7 @@ use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationI
 use crate::domain::message::TraceContext;
 use crate::domain::trace::TraceId;
 use crate::pipeline::publish::{Publisher, order_message};
+use crate::pipeline::trail;
 use crate::reservation::{
     Reservation, ReservationError, ReservationStore, ReserveOutcome, ReserveRequest,
 };
@@ -141,6 +142,17 @@ impl Ingress {
     /// the publisher; if its queue is full the scanner sends it, so nothing
     /// is lost (§6). The same `request_id` returns the same reservation.
     pub async fn reserve(&self, call: ReserveCall) -> Result<Reservation, Refusal> {
+        let started = std::time::Instant::now();
+        let (activity, sku, user) = (call.activity, call.sku, call.user);
+        let result = self.take(call).await;
+        match &result {
+            Ok(r) => trail::queued(r, started.elapsed()),
+            Err(refusal) => trail::refused(activity.0, sku.0, user.0, refusal.code()),
+        }
+        result
+    }
+
+    async fn take(&self, call: ReserveCall) -> Result<Reservation, Refusal> {
         let facts = self
             .facts(call.activity, false)
             .await?

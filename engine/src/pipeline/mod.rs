@@ -2,7 +2,8 @@
 //! Redis, publish sends within a bound (behind the send circuit), scan re-sends with the same
 //! `message_id`, consume creates the orders in one transaction per batch,
 //! the outbox publishes what the transaction promised, order pays and
-//! cancels, lifecycle consumes cancels, compensations and order events.
+//! cancels, lifecycle consumes cancels, compensations and order events;
+//! trail is every stage's log lines.
 
 pub mod circuit;
 pub mod concurrency;
@@ -13,3 +14,4 @@ pub mod order;
 pub mod outbox;
 pub mod publish;
 pub mod scan;
+pub mod trail;

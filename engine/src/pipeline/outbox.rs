@@ -14,9 +14,11 @@
 //! window 2); every consumer of these topics is idempotent on it.
 
 use crate::config::OutboxConfig;
-use crate::domain::ids::MessageId;
+use crate::domain::ids::{MessageId, ReservationId};
+use crate::domain::message::TraceContext;
 use crate::domain::stats::{ConsumeStats, LifecycleStats};
-use crate::mq::{OutgoingMessage, PROP_MESSAGE_ID, Producer, SendOutcome};
+use crate::domain::trace::TraceId;
+use crate::mq::{OutgoingMessage, PROP_MESSAGE_ID, PROP_TRACEPARENT, Producer, SendOutcome};
 use crate::reservation::backoff_ms;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -42,6 +44,10 @@ pub struct Claimed {
     pub deliver_at: Option<DateTime<Utc>>,
     /// Including this claim.
     pub attempts: i32,
+    /// The trace of the reservation the row is about, as the consumer
+    /// stored it (docs/architecture.md §11.5); `None` for rows of
+    /// reservations from before traces were stored.
+    pub trace_id: Option<String>,
 }
 
 /// The broker refuses a timer message whose time has passed by the time it
@@ -72,14 +78,37 @@ pub fn max_hold(lead: chrono::Duration) -> chrono::Duration {
 }
 
 impl Claimed {
+    /// The reservation's trace: stored, else derived from the payload's
+    /// reservation id as the ingress derives it; `None` for a payload
+    /// without one.
+    pub fn trace(&self) -> Option<TraceId> {
+        self.trace_id
+            .as_deref()
+            .and_then(TraceId::parse)
+            .or_else(|| {
+                self.payload["reservation_id"]
+                    .as_str()
+                    .and_then(|r| r.parse::<ReservationId>().ok())
+                    .map(|r| TraceId::of_reservation(&r))
+            })
+    }
+
     /// The broker message: a timer message for [`timer_at`], or one for
-    /// immediate delivery.
+    /// immediate delivery. It carries the reservation's trace as a new
+    /// span (docs/architecture.md §11.5).
     pub fn to_outgoing(&self, now: DateTime<Utc>, lead: chrono::Duration) -> OutgoingMessage {
+        let mut properties = vec![(PROP_MESSAGE_ID.to_owned(), self.message_id.to_string())];
+        if let Some(t) = self.trace() {
+            properties.push((
+                PROP_TRACEPARENT.to_owned(),
+                TraceContext::child_of(&t).traceparent,
+            ));
+        }
         OutgoingMessage {
             topic: self.topic.clone(),
             tag: self.tag.clone(),
             keys: vec![self.message_key.clone()],
-            properties: vec![(PROP_MESSAGE_ID.to_owned(), self.message_id.to_string())],
+            properties,
             body: serde_json::to_vec(&self.payload).unwrap_or_default(),
             deliver_time_ms: timer_at(self.deliver_at, now, lead)
                 .map(|at| at.timestamp_millis() as u64),
@@ -114,7 +143,10 @@ pub async fn claim(
          FROM due
          WHERE o.outbox_id = due.outbox_id
          RETURNING o.outbox_id, o.message_id, o.topic, o.tag, o.message_key, o.payload,
-                   o.deliver_at, o.attempts",
+                   o.deliver_at, o.attempts,
+                   -- The reservation's trace (§11.5): a primary-key lookup.
+                   (SELECT r.trace_id FROM reservations r
+                    WHERE r.reservation_id = o.payload->>'reservation_id') AS trace_id",
     )
     .bind(limit)
     .bind(lease.as_secs_f64())
@@ -471,7 +503,30 @@ mod tests {
             payload: serde_json::json!({"n": id}),
             deliver_at,
             attempts: 1,
+            trace_id: None,
         }
+    }
+
+    #[test]
+    fn an_outbox_message_carries_its_reservations_trace() {
+        let rsv = ReservationId::generate();
+        let traceparent = |c: &Claimed| {
+            c.to_outgoing(Utc::now(), chrono::Duration::zero())
+                .properties
+                .into_iter()
+                .find(|(k, _)| k == PROP_TRACEPARENT)
+                .map(|(_, v)| v)
+        };
+        let mut c = row(1, "E", "ORDER_CREATED", None);
+        assert_eq!(traceparent(&c), None, "no reservation, no trace");
+        c.payload = serde_json::json!({"reservation_id": rsv.to_string()});
+        let derived = TraceId::of_reservation(&rsv);
+        assert!(traceparent(&c).is_some_and(|t| t.starts_with(&format!("00-{derived}-"))));
+        c.trace_id = Some("4bf92f3577b34da6a3ce929d0e0e4736".into());
+        assert!(
+            traceparent(&c).is_some_and(|t| t.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-")),
+            "the stored trace wins"
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::domain::message::{
 use crate::domain::stats::PublishStats;
 use crate::mq::{OutgoingMessage, PROP_MESSAGE_ID, PROP_TRACEPARENT, Producer, SendOutcome};
 use crate::pipeline::circuit::SendCircuit;
+use crate::pipeline::trail;
 use crate::reservation::{MqStatus, Reservation, ReservationStore};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -112,6 +113,7 @@ pub async fn send_batch<P: Producer>(
     };
     stats.send_latency.record(started.elapsed());
     stats.batches.add(1);
+    trail::sent(topic, batch, &outcome, started.elapsed());
     let n = batch.len() as u64;
     match &outcome {
         SendOutcome::Confirmed(_) => stats.confirmed.add(n),
@@ -182,15 +184,9 @@ async fn apply_first_send(
                 .collect();
             store.mark_sent_many(&items, &r.broker_msg_id).await?;
         }
-        // Stays MQ_PENDING with its first retry time: the scanner re-sends.
-        SendOutcome::Unknown { cause, detail } => {
-            tracing::warn!(
-                ?cause,
-                detail,
-                n = batch.len(),
-                "send outcome unknown; leaving to the scanner"
-            );
-        }
+        // Stays MQ_PENDING with its first retry time: the scanner re-sends
+        // (`trail::sent` logged it, with the batch's ids).
+        SendOutcome::Unknown { .. } => {}
         SendOutcome::DefiniteFailure { detail, .. } => {
             for m in batch {
                 // Only a reservation that nothing else has touched is known
@@ -294,7 +290,8 @@ pub fn spawn<P: Producer>(
                 continue;
             }
             let deps = deps.clone();
-            inner.spawn(async move {
+            let span = tracing::info_span!("publish", n = batch.len());
+            inner.spawn(tracing::Instrument::instrument(async move {
                 // Held: the batch stays pending in Redis, due for the
                 // scanner at its first retry time, which sends it once the
                 // circuit closes (docs/architecture.md §6.7).
@@ -317,7 +314,7 @@ pub fn spawn<P: Producer>(
                     tracing::error!(error = %e, n = batch.len(), "could not record a send outcome");
                 }
                 drop(permit);
-            });
+            }, span));
         }
     });
     Publisher { tx }

@@ -18,6 +18,7 @@ use crate::domain::stats::PublishStats;
 use crate::mq::{Producer, SendOutcome};
 use crate::pipeline::circuit::SendCircuit;
 use crate::pipeline::publish::{PublishError, compensate_send_failure, order_message, send_batch};
+use crate::pipeline::trail;
 use crate::reservation::{ReservationStore, backoff_ms};
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -155,51 +156,77 @@ async fn pass_activity<P: Producer>(
         }
         let deps = deps.clone();
         let (base, max) = (cfg.backoff_base_ms, cfg.backoff_max_ms);
-        let msgs: Vec<_> = chunk
+        let batch: Vec<_> = chunk
             .iter()
-            .map(|r| {
-                (
-                    order_message(r, TraceContext::child_of(&r.trace_id)),
-                    r.send_attempt,
-                )
-            })
+            .map(|r| order_message(r, TraceContext::child_of(&r.trace_id)))
             .collect();
-        workers.spawn(async move {
-            let batch: Vec<_> = msgs.iter().map(|(m, _)| m.clone()).collect();
-            let outcome = send_batch(&deps.producer, &deps.topic, &batch, deps.send_timeout, &deps.stats).await;
-            deps.circuit.record(&outcome);
-            let n = batch.len() as u64;
-            match &outcome {
-                SendOutcome::Confirmed(_) => deps.stats.resend_confirmed.add(n),
-                SendOutcome::Unknown { .. } => deps.stats.resend_unknown.add(n),
-                SendOutcome::DefiniteFailure { .. } => deps.stats.resend_failed.add(n),
-            }
-            match &outcome {
-                SendOutcome::Confirmed(r) => {
-                    let items: Vec<_> = batch
-                        .iter()
-                        .map(|m| (m.activity_id, m.reservation_id.clone(), m.message_id.clone()))
-                        .collect();
-                    deps.store.mark_sent_many(&items, &r.broker_msg_id).await?;
-                }
-                // A re-sent reservation may already be stored from an earlier
-                // attempt, so even a definite failure does not compensate here:
-                // it backs off, and the expiry path settles it against
-                // PostgreSQL once no copy can still become an order.
-                SendOutcome::Unknown { detail, .. } | SendOutcome::DefiniteFailure { detail, .. } => {
-                    if let SendOutcome::DefiniteFailure { .. } = outcome {
-                        tracing::error!(error = %detail, n = batch.len(), "definite failure on a re-send; backing off");
+        let attempts: Vec<u32> = chunk.iter().map(|r| r.send_attempt).collect();
+        let span = tracing::info_span!("resend", n = batch.len());
+        workers.spawn(tracing::Instrument::instrument(
+            async move {
+                let result = async {
+                    let outcome = send_batch(
+                        &deps.producer,
+                        &deps.topic,
+                        &batch,
+                        deps.send_timeout,
+                        &deps.stats,
+                    )
+                    .await;
+                    deps.circuit.record(&outcome);
+                    let n = batch.len() as u64;
+                    match &outcome {
+                        SendOutcome::Confirmed(_) => deps.stats.resend_confirmed.add(n),
+                        SendOutcome::Unknown { .. } => deps.stats.resend_unknown.add(n),
+                        SendOutcome::DefiniteFailure { .. } => deps.stats.resend_failed.add(n),
                     }
-                    for (m, attempt) in &msgs {
-                        let delay = backoff_ms(*attempt, base, max, rand::random::<f64>());
-                        deps.store
-                            .reschedule(m.activity_id, &m.reservation_id, &m.message_id, &deps.owner, now_ms() + delay as i64, detail)
-                            .await?;
+                    match &outcome {
+                        SendOutcome::Confirmed(r) => {
+                            let items: Vec<_> = batch
+                                .iter()
+                                .map(|m| {
+                                    (
+                                        m.activity_id,
+                                        m.reservation_id.clone(),
+                                        m.message_id.clone(),
+                                    )
+                                })
+                                .collect();
+                            deps.store.mark_sent_many(&items, &r.broker_msg_id).await?;
+                        }
+                        // A re-sent reservation may already be stored from an
+                        // earlier attempt, so even a definite failure does not
+                        // compensate here: it backs off, and the expiry path
+                        // settles it against PostgreSQL once no copy can still
+                        // become an order. (`trail::sent` logged the outcome,
+                        // with the batch's ids.)
+                        SendOutcome::Unknown { detail, .. }
+                        | SendOutcome::DefiniteFailure { detail, .. } => {
+                            for (m, attempt) in batch.iter().zip(&attempts) {
+                                let delay = backoff_ms(*attempt, base, max, rand::random::<f64>());
+                                deps.store
+                                    .reschedule(
+                                        m.activity_id,
+                                        &m.reservation_id,
+                                        &m.message_id,
+                                        &deps.owner,
+                                        now_ms() + delay as i64,
+                                        detail,
+                                    )
+                                    .await?;
+                            }
+                        }
                     }
+                    Ok::<(), PublishError>(())
                 }
-            }
-            Ok::<(), PublishError>(())
-        });
+                .await;
+                if let Err(e) = &result {
+                    trail::resend_failed(&batch, e);
+                }
+                result
+            },
+            span,
+        ));
     }
     while let Some(r) = workers.join_next().await {
         log_worker(Some(r));
@@ -211,9 +238,8 @@ async fn pass_activity<P: Producer>(
 /// them to the next pass. Siblings are never aborted for it.
 fn log_worker(r: Option<Result<Result<(), PublishError>, tokio::task::JoinError>>) {
     match r {
-        Some(Ok(Err(e))) => {
-            tracing::warn!(error = %e, "scanner worker failed; its reservations retry after the lease")
-        }
+        // Logged by the worker, with its reservations (`trail::resend_failed`).
+        Some(Ok(Err(_))) => {}
         Some(Err(e)) => {
             tracing::error!(error = %e, "scanner worker panicked; its reservations retry after the lease")
         }

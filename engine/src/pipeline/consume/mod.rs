@@ -30,8 +30,10 @@ use crate::domain::ids::{ActivityId, OrderId, SkuId};
 use crate::domain::message::{Malformed, OrderCreateRequested, parse_order_create};
 use crate::domain::stats::ConsumeStats;
 use crate::domain::status::{FailureClass, ReservationOutcome};
+use crate::domain::trace::TraceId;
 use crate::mq::{ConsumeVerdict, Handler, IncomingMessage, Names, PROP_REPLAY_ID, TopicKind};
 use crate::pipeline::concurrency::Limiter;
+use crate::pipeline::trail;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,15 +46,26 @@ pub struct Parsed {
     pub delivery_attempt: i32,
     /// Set when an operator replayed the message (docs/architecture.md §9.4).
     pub replay_id: Option<String>,
+    /// Where the broker delivered it from, for the logs (§11.3).
+    pub queue: Option<(i32, i64)>,
 }
 
 impl Parsed {
+    /// The reservation's trace: the body's, when it is a valid W3C trace
+    /// id, else the one derived from the reservation id, as the ingress
+    /// does (docs/architecture.md §11.5).
+    pub fn trace_id(&self) -> TraceId {
+        TraceId::parse(&self.msg.trace.trace_id)
+            .unwrap_or_else(|| TraceId::of_reservation(&self.msg.reservation_id))
+    }
+
     /// A first delivery, not a replay.
     pub fn new(msg: OrderCreateRequested) -> Self {
         Self {
             msg,
             delivery_attempt: 0,
             replay_id: None,
+            queue: None,
         }
     }
 
@@ -62,6 +75,7 @@ impl Parsed {
             msg: parse_order_create(&m.body)?,
             delivery_attempt: m.reconsume_times.max(0),
             replay_id: m.property(PROP_REPLAY_ID).map(str::to_owned),
+            queue: Some((m.queue_id, m.queue_offset)),
         })
     }
 }
@@ -99,6 +113,18 @@ pub enum MessageOutcome {
     DuplicateReservation,
     /// Recorded, compensated once, inbox REJECTED.
     Rejected(RejectReason),
+}
+
+impl MessageOutcome {
+    /// Its name in the logs (docs/architecture.md §11.3).
+    pub fn name(&self) -> &'static str {
+        match self {
+            MessageOutcome::Created { .. } => "CREATED",
+            MessageOutcome::AlreadyProcessed => "ALREADY_PROCESSED",
+            MessageOutcome::DuplicateReservation => "DUPLICATE_RESERVATION",
+            MessageOutcome::Rejected(r) => r.outcome().as_str(),
+        }
+    }
 }
 
 /// Why a batch's transaction did not commit. Nothing of it was written.
@@ -209,8 +235,9 @@ impl OrderConsumer {
     async fn one_by_one(&self, batch: Vec<Parsed>) -> Vec<Parsed> {
         let mut failed = Vec::new();
         for p in batch {
+            let started = Instant::now();
             match self.process(std::slice::from_ref(&p)).await {
-                Ok(outcomes) => log_committed(&self.group, &outcomes),
+                Ok(outcomes) => self.log_committed(std::slice::from_ref(&p), &outcomes, started),
                 Err(e) => {
                     let (class, detail) = (failure_class(&e), e.to_string());
                     tracing::warn!(
@@ -224,6 +251,28 @@ impl OrderConsumer {
             }
         }
         failed
+    }
+
+    /// The committed transaction's log lines (docs/architecture.md §11.3).
+    fn log_committed(&self, msgs: &[Parsed], outcomes: &[MessageOutcome], started: Instant) {
+        let mut tally = trail::Tally::default();
+        for o in outcomes {
+            match o {
+                MessageOutcome::Created { .. } => tally.created += 1,
+                MessageOutcome::Rejected(_) => tally.rejected += 1,
+                _ => tally.duplicates += 1,
+            }
+        }
+        let topic = self.names.topic(TopicKind::OrderCreate);
+        let each = msgs.iter().zip(outcomes).map(|(p, o)| trail::Consumed {
+            msg: &p.msg,
+            trace_id: p.trace_id(),
+            queue: p.queue.map(|q| q.0),
+            offset: p.queue.map(|q| q.1),
+            retry_count: p.delivery_attempt,
+            outcome: o.name(),
+        });
+        trail::consumed(&self.group, &topic, tally, started.elapsed(), each);
     }
 
     async fn record_failures(&self, msgs: &[Parsed], class: FailureClass, detail: &str) {
@@ -323,7 +372,10 @@ impl Handler for OrderConsumer {
         let n = batch.len() as u64;
         let started = Instant::now();
         self.stats.inflight.add(n as i64);
-        let verdict = self.handle_batch(batch).await;
+        // One span a stage (docs/architecture.md §11.3): an OpenTelemetry
+        // layer turns it into a span of the trace.
+        let span = tracing::info_span!("consume", group = %self.group, n);
+        let verdict = tracing::Instrument::instrument(self.handle_batch(batch), span).await;
         self.stats.inflight.add(-(n as i64));
         self.stats.process_latency.record(started.elapsed());
         match verdict {
@@ -349,9 +401,10 @@ impl OrderConsumer {
         // Each pass either commits or sets aside at least one message, so
         // there are at most as many passes as messages.
         while !pending.is_empty() {
+            let started = Instant::now();
             let err = match self.process(&pending).await {
                 Ok(outcomes) => {
-                    log_committed(&self.group, &outcomes);
+                    self.log_committed(&pending, &outcomes, started);
                     decisions.push(Decision::Ack);
                     break;
                 }
@@ -420,16 +473,4 @@ impl OrderConsumer {
         }
         verdict(&decisions)
     }
-}
-
-fn log_committed(group: &str, outcomes: &[MessageOutcome]) {
-    let count = |f: fn(&MessageOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
-    tracing::debug!(
-        group,
-        created = count(|o| matches!(o, MessageOutcome::Created { .. })),
-        rejected = count(|o| matches!(o, MessageOutcome::Rejected(_))),
-        duplicate_reservation = count(|o| matches!(o, MessageOutcome::DuplicateReservation)),
-        already_processed = count(|o| matches!(o, MessageOutcome::AlreadyProcessed)),
-        "order batch committed"
-    );
 }

@@ -56,14 +56,16 @@ pub const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 ///
 /// `$1` group, `$2` message ids, `$3` delivery attempts, `$4` replay ids,
 /// `$5` reservation ids, `$6` request ids, `$7` order ids, `$8` activity ids,
-/// `$9` sku ids, `$10` user ids, `$11` valid until, `$12` reserved at.
+/// `$9` sku ids, `$10` user ids, `$11` valid until, `$12` reserved at,
+/// `$13` trace ids (docs/architecture.md §11.5).
 pub const INBOX_AND_CLAIM: &str = r#"WITH input AS (
     SELECT *
     FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[],
-                $8::bigint[], $9::bigint[], $10::bigint[], $11::timestamptz[], $12::timestamptz[])
+                $8::bigint[], $9::bigint[], $10::bigint[], $11::timestamptz[], $12::timestamptz[],
+                $13::text[])
          WITH ORDINALITY
          AS t (message_id, delivery_attempt, replay_id, reservation_id, request_id, order_id,
-               activity_id, sku_id, user_id, valid_until, reserved_at, ord)
+               activity_id, sku_id, user_id, valid_until, reserved_at, trace_id, ord)
 ), inbox AS (
     INSERT INTO consumer_inbox (consumer_group, message_id, status, result_code, delivery_attempt, replay_id)
     SELECT $1::text, message_id, 'SUCCEEDED', 'ORDER_CREATED', delivery_attempt, replay_id
@@ -73,13 +75,13 @@ pub const INBOX_AND_CLAIM: &str = r#"WITH input AS (
     RETURNING message_id
 ), claim AS (
     INSERT INTO reservations (reservation_id, message_id, request_id, order_id, activity_id,
-                              sku_id, user_id, outcome, valid_until, reserved_at)
+                              sku_id, user_id, outcome, valid_until, reserved_at, trace_id)
     SELECT DISTINCT ON (i.reservation_id)
            i.reservation_id, i.message_id, i.request_id, i.order_id, i.activity_id,
            i.sku_id, i.user_id,
            CASE WHEN now() > i.valid_until THEN 'REJECTED_EXPIRED'::reservation_outcome
                 ELSE 'ORDER_CREATED'::reservation_outcome END,
-           i.valid_until, i.reserved_at
+           i.valid_until, i.reserved_at, i.trace_id
     FROM input i
     JOIN inbox USING (message_id)
     ORDER BY i.reservation_id, i.ord

@@ -386,6 +386,7 @@ async fn inbox_and_claim(
         .bind(column(ordered, |p| p.msg.user_id))
         .bind(column(ordered, |p| p.msg.reservation_valid_until))
         .bind(column(ordered, |p| p.msg.reservation_created_at))
+        .bind(column(ordered, |p| p.trace_id().to_string()))
         .fetch_all(&mut **tx)
         .await
 }

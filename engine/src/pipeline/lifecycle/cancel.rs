@@ -17,6 +17,7 @@ use crate::domain::stats::LifecycleStats;
 use crate::domain::status::InboxStatus;
 use crate::mq::{ConsumeVerdict, Handler, IncomingMessage, Names, PROP_REPLAY_ID, TopicKind};
 use crate::pipeline::order::{self, CancelMode, CancelNoop, CancelOutcome, OutboxRow};
+use crate::pipeline::trail;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -240,7 +241,13 @@ impl SettleEach for CancelConsumer {
         let settled = self
             .process(&msg, m.reconsume_times.max(0), m.property(PROP_REPLAY_ID))
             .await?;
-        tracing::debug!(order_id = %msg.order_id, ?settled, "cancel settled");
+        trail::settled(
+            &self.group,
+            m,
+            &msg.reservation_id,
+            Some(&msg.order_id),
+            &settled,
+        );
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ use crate::domain::message::{Malformed, parse_release};
 use crate::domain::stats::LifecycleStats;
 use crate::domain::status::{CompensationStatus, InboxStatus};
 use crate::mq::{ConsumeVerdict, Handler, IncomingMessage, Names, PROP_REPLAY_ID, TopicKind};
+use crate::pipeline::trail;
 use crate::reservation::{ReleaseOutcome, ReservationStore};
 use sqlx::{PgPool, Postgres, Transaction};
 use std::sync::Arc;
@@ -160,8 +161,10 @@ impl SettleEach for CompensationConsumer {
         msg: ReleaseReservation,
         m: &IncomingMessage,
     ) -> Result<(), SettleError> {
-        self.process(&msg, m.reconsume_times.max(0), m.property(PROP_REPLAY_ID))
+        let settled = self
+            .process(&msg, m.reconsume_times.max(0), m.property(PROP_REPLAY_ID))
             .await?;
+        trail::settled(&self.group, m, &msg.reservation_id, None, &settled);
         Ok(())
     }
 }

@@ -71,6 +71,12 @@ pub(crate) async fn handle_each<C: SettleEach>(
     c: &C,
     batch: Vec<IncomingMessage>,
 ) -> ConsumeVerdict {
+    // One span a stage (docs/architecture.md §11.3).
+    let span = tracing::info_span!("lifecycle", group = c.group(), n = batch.len());
+    tracing::Instrument::instrument(settle_each(c, batch), span).await
+}
+
+async fn settle_each<C: SettleEach>(c: &C, batch: Vec<IncomingMessage>) -> ConsumeVerdict {
     let mut bad = Vec::new();
     let mut failed = Vec::new();
     for m in &batch {

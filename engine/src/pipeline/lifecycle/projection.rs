@@ -10,6 +10,7 @@ use crate::domain::message::OrderEvent;
 use crate::domain::message::{Malformed, parse_order_event};
 use crate::domain::stats::LifecycleStats;
 use crate::mq::{ConsumeVerdict, Handler, IncomingMessage, Names, TopicKind};
+use crate::pipeline::trail;
 use crate::reservation::ReservationStore;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -76,8 +77,24 @@ impl SettleEach for ProjectionConsumer {
         parse_order_event(&m.body)
     }
 
-    async fn settle(&self, e: OrderEvent, _m: &IncomingMessage) -> Result<(), SettleError> {
-        self.apply(&e).await?;
+    async fn settle(&self, e: OrderEvent, m: &IncomingMessage) -> Result<(), SettleError> {
+        /// What the log says of an event (docs/architecture.md §11.3).
+        #[derive(Debug)]
+        enum Projected {
+            Applied,
+            Stale,
+        }
+        let outcome = match self.apply(&e).await? {
+            true => Projected::Applied,
+            false => Projected::Stale,
+        };
+        trail::settled(
+            &self.group,
+            m,
+            &e.reservation_id,
+            Some(&e.order_id),
+            &outcome,
+        );
         Ok(())
     }
 }
