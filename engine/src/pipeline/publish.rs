@@ -28,7 +28,9 @@ use crate::domain::message::{
     ORDER_CREATE_EVENT, OrderCreateRequested, SCHEMA_VERSION, TraceContext,
 };
 use crate::domain::stats::PublishStats;
-use crate::mq::{OutgoingMessage, PROP_MESSAGE_ID, PROP_TRACEPARENT, Producer, SendOutcome};
+use crate::mq::{
+    OutgoingMessage, PROP_MESSAGE_ID, PROP_TRACEPARENT, Producer, SendOutcome, SendReceipt,
+};
 use crate::pipeline::circuit::SendCircuit;
 use crate::pipeline::trail;
 use crate::reservation::{MqStatus, Reservation, ReservationStore};
@@ -163,6 +165,27 @@ pub async fn compensate_send_failure(
     Ok(())
 }
 
+/// A confirmed batch: every reservation MQ_SENT, with the broker's id.
+/// The first send and the scanner's re-send both record it here.
+pub async fn mark_sent(
+    store: &ReservationStore,
+    batch: &[OrderCreateRequested],
+    receipt: &SendReceipt,
+) -> Result<(), PublishError> {
+    let items: Vec<_> = batch
+        .iter()
+        .map(|m| {
+            (
+                m.activity_id,
+                m.reservation_id.clone(),
+                m.message_id.clone(),
+            )
+        })
+        .collect();
+    store.mark_sent_many(&items, &receipt.broker_msg_id).await?;
+    Ok(())
+}
+
 /// Applies a batch outcome on the in-process (first) send path.
 async fn apply_first_send(
     store: &ReservationStore,
@@ -171,19 +194,7 @@ async fn apply_first_send(
     outcome: &SendOutcome,
 ) -> Result<(), PublishError> {
     match outcome {
-        SendOutcome::Confirmed(r) => {
-            let items: Vec<_> = batch
-                .iter()
-                .map(|m| {
-                    (
-                        m.activity_id,
-                        m.reservation_id.clone(),
-                        m.message_id.clone(),
-                    )
-                })
-                .collect();
-            store.mark_sent_many(&items, &r.broker_msg_id).await?;
-        }
+        SendOutcome::Confirmed(r) => mark_sent(store, batch, r).await?,
         // Stays MQ_PENDING with its first retry time: the scanner re-sends
         // (`trail::sent` logged it, with the batch's ids).
         SendOutcome::Unknown { .. } => {}

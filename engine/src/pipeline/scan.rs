@@ -17,7 +17,9 @@ use crate::domain::message::{OrderCreateRequested, TraceContext};
 use crate::domain::stats::PublishStats;
 use crate::mq::{Producer, SendOutcome};
 use crate::pipeline::circuit::SendCircuit;
-use crate::pipeline::publish::{PublishError, compensate_send_failure, order_message, send_batch};
+use crate::pipeline::publish::{
+    PublishError, compensate_send_failure, mark_sent, order_message, send_batch,
+};
 use crate::pipeline::trail;
 use crate::reservation::{ReservationStore, backoff_ms};
 use sqlx::PgPool;
@@ -181,19 +183,7 @@ async fn pass_activity<P: Producer>(
                         SendOutcome::DefiniteFailure { .. } => deps.stats.resend_failed.add(n),
                     }
                     match &outcome {
-                        SendOutcome::Confirmed(r) => {
-                            let items: Vec<_> = batch
-                                .iter()
-                                .map(|m| {
-                                    (
-                                        m.activity_id,
-                                        m.reservation_id.clone(),
-                                        m.message_id.clone(),
-                                    )
-                                })
-                                .collect();
-                            deps.store.mark_sent_many(&items, &r.broker_msg_id).await?;
-                        }
+                        SendOutcome::Confirmed(r) => mark_sent(&deps.store, &batch, r).await?,
                         // A re-sent reservation may already be stored from an
                         // earlier attempt, so even a definite failure does not
                         // compensate here: it backs off, and the expiry path
