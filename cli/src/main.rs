@@ -84,6 +84,9 @@ enum Command {
     Order(cmd::order::OrderCmd),
     /// Check the invariants of docs/architecture.md §12; exit 5 on a violation
     Reconcile(cmd::reconcile::ReconcileArgs),
+    /// One reservation's story across Redis, the broker and PostgreSQL, with a verdict
+    /// (docs/architecture.md §11.6); exit 0 consistent, 1 in flight, 5 broken
+    Trace(cmd::trace::TraceArgs),
     /// Benchmarks against a running engine
     #[command(subcommand)]
     Bench(cmd::bench::BenchCmd),
@@ -172,6 +175,7 @@ fn run(
             Command::Order(c) => cmd::order::run(c, &cfg).await,
             Command::Quarantine(c) => cmd::quarantine::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
+            Command::Trace(a) => cmd::trace::run(a, &cfg).await,
             Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Engine(c) => cmd::engine::run(c, &cfg, rt, shape)
                 .await

@@ -88,6 +88,7 @@ pub use decide::liveness::{DeadBecause, EngineState, RoleState};
 pub use decide::redis_state::RedisState;
 pub use decide::replica_ack::AckState;
 pub use decide::scale::{self, Advice, PoolFit, ScaleInputs};
+pub use decide::story::StoryVerdict;
 
 // Adapters.
 pub use mq::rocket::{MqError, QueueOffsets, RocketAdmin, RocketConsumer, RocketProducer};
@@ -135,3 +136,4 @@ pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVe
 pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, RestoreRequest};
 pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};
 pub use ops::restore::{RestoreError, RestoreOn, restore_audited};
+pub use ops::trace::{Anchor as TraceAnchor, Story, TraceError, trace as trace_story};

@@ -14,4 +14,5 @@ pub mod observe;
 pub mod order;
 pub mod quarantine;
 pub mod reconcile;
+pub mod trace;
 pub mod tui;

@@ -1,6 +1,7 @@
 //! Pure decisions over numbers the observers measured: backlog verdicts,
 //! scale advice, alert rules, admission, the send circuit, the stalled
-//! consumer watch and whether a Redis write waits for its replicas. No I/O, unit-tested on the
+//! consumer watch, whether a Redis write waits for its replicas and the
+//! verdict of one reservation's story. No I/O, unit-tested on the
 //! worked examples of docs/architecture.md §10, §11.
 
 pub mod admission;
@@ -12,3 +13,4 @@ pub mod redis_state;
 pub mod replica_ack;
 pub mod scale;
 pub mod stall;
+pub mod story;

@@ -10,3 +10,4 @@ pub mod reconcile;
 pub mod redis_state;
 pub mod reservation_status;
 pub mod restore;
+pub mod trace;
