@@ -5,7 +5,7 @@
 //! their figures up; the elected singletons (§14.4) run on one daemon each.
 
 use anyhow::{Context, Result, ensure};
-use seckill_engine::{ActivityId, RequestId, Role, SkuId, TopicKind};
+use seckill_engine::{ActivityId, Role, SkuId, TopicKind};
 use seckill_tests::{Engine, Setup, TestEnv, eventually, run};
 use secrecy::ExposeSecret;
 use std::time::Duration;
@@ -46,16 +46,8 @@ const ACTIVITY: ActivityId = ActivityId(4242);
 const SKU: SkuId = SkuId(7);
 
 async fn reserve(engine: &Engine, user: i64) -> Result<()> {
-    let r = engine
-        .http
-        .post(format!(
-            "http://{}/v1/activities/{}/skus/{}/reservations",
-            engine.addr, ACTIVITY.0, SKU.0
-        ))
-        .json(&serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}))
-        .send()
-        .await?;
-    ensure!(r.status() == 202, "reservation of {user}: {}", r.status());
+    let (code, body) = engine.reserve(ACTIVITY, SKU, user).await?;
+    ensure!(code == 202, "reservation of {user}: {code} {body}");
     Ok(())
 }
 

@@ -53,17 +53,9 @@ fn events(story: &serde_json::Value) -> Vec<String> {
 }
 
 async fn reserve(engine: &Engine, user: i64) -> Result<serde_json::Value> {
-    let r = engine
-        .http
-        .post(format!(
-            "http://{}/v1/activities/{}/skus/{}/reservations",
-            engine.addr, ACTIVITY.0, SKU.0
-        ))
-        .json(&serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}))
-        .send()
-        .await?;
-    ensure!(r.status() == 202, "reservation of {user}: {}", r.status());
-    Ok(r.json().await?)
+    let (code, body) = engine.reserve(ACTIVITY, SKU, user).await?;
+    ensure!(code == 202, "reservation of {user}: {code} {body}");
+    Ok(body)
 }
 
 /// An order, then its cancel: each id finds the story, and the verdict

@@ -425,6 +425,29 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// One reservation request of `user` with a fresh request id: the
+    /// status code and the answer's body (`Null` when it is not JSON).
+    pub async fn reserve(
+        &self,
+        activity: ActivityId,
+        sku: SkuId,
+        user: i64,
+    ) -> Result<(u16, serde_json::Value)> {
+        let r = self
+            .http
+            .post(format!(
+                "http://{}/v1/activities/{}/skus/{}/reservations",
+                self.addr, activity.0, sku.0
+            ))
+            .json(
+                &serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}),
+            )
+            .send()
+            .await?;
+        let code = r.status().as_u16();
+        Ok((code, r.json().await.unwrap_or_default()))
+    }
+
     /// Starts it and waits until `/readyz` answers.
     pub async fn start(env: &TestEnv, cfg: Config) -> Result<Engine> {
         Self::start_on(env, cfg, false).await

@@ -5,7 +5,7 @@
 
 use anyhow::{Result, ensure};
 use seckill_engine::{
-    ActivityId, Config, Drain, Level, METRIC_NAMES, Observer, Producer, RequestId, ReserveOutcome,
+    ActivityId, Config, Drain, Level, METRIC_NAMES, Observer, Producer, ReserveOutcome,
     RocketProducer, SkuId, Source, TopicKind, message::TraceContext, publish::order_message,
     publish::to_outgoing, view,
 };
@@ -29,17 +29,7 @@ fn engine_cfg(env: &TestEnv) -> Config {
 }
 
 async fn post(engine: &Engine, user: i64) -> Result<(u16, serde_json::Value)> {
-    let r = engine
-        .http
-        .post(format!(
-            "http://{}/v1/activities/{}/skus/{}/reservations",
-            engine.addr, ACTIVITY.0, SKU.0
-        ))
-        .json(&serde_json::json!({"user_id": user, "request_id": RequestId::generate().as_str()}))
-        .send()
-        .await?;
-    let code = r.status().as_u16();
-    Ok((code, r.json().await.unwrap_or_default()))
+    engine.reserve(ACTIVITY, SKU, user).await
 }
 
 async fn get_text(engine: &Engine, path: &str) -> Result<String> {
