@@ -8,10 +8,10 @@ use chrono::{Duration as ChronoDuration, Utc};
 use seckill_engine::{
     ActivityId, ApplyError, BulkRequest, CheckLevel as Level, ConsumerSpec, DlqEntryKey,
     DlqEntryStatus, FailureClass, MessageId, OrderConsumer, OrderId, Producer, ReplayDecision,
-    ReplayError, ReplayOutcome, ReplayRequest, RocketConsumer, RocketProducer, SkuId, TicketAction,
-    TicketError, TicketId, TicketStatus, TopicKind, UserId, message::OrderCreateRequested,
-    mirror_once, publish::to_outgoing, replay::Check, replay::replay, replay::replay_ticket,
-    tickets,
+    ReplayError, ReplayOutcome, ReplayRequest, RocketConsumer, RocketProducer, SkuId, StoryVerdict,
+    TicketAction, TicketError, TicketId, TicketStatus, TopicKind, TraceAnchor, UserId,
+    message::OrderCreateRequested, mirror_once, publish::to_outgoing, replay::Check,
+    replay::replay, replay::replay_ticket, tickets, trace_story,
 };
 use seckill_tests::{Setup, eventually, run};
 use secrecy::ExposeSecret;
@@ -1564,6 +1564,90 @@ fn a_replay_racing_the_brokers_redelivery_has_one_effect_50_rounds() {
             N as i64
         );
         assert_eq!(n("SELECT count(*) FROM compensation_tasks").await?, 0);
+        Ok(())
+    });
+}
+
+/// `seckillctl trace` of a replayed message (docs/architecture.md §11.6):
+/// BROKEN while its message is dead with no effect, CONSISTENT once the
+/// replay created the order, with the death, the replay and the order on
+/// one timeline, found by the message id alone.
+#[test]
+fn trace_tells_a_dead_message_then_its_replay() {
+    run(Setup::Full, |env| async move {
+        let (activity, sku) = (ActivityId(18), SkuId(3));
+        poisoned(&env, activity, sku, 1).await?;
+        let kind = TopicKind::OrderCreate;
+        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+        env.admin.ensure_group(&group, 1).await?;
+        let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
+        spec.max_reconsume_times = 1;
+        let consumer = order_consumer(&env, spec).await?;
+        let producer = producer(&env).await?;
+        let m = order_msg(activity, sku);
+        let id = m.message_id.clone();
+        let sent = producer
+            .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+            .await;
+        ensure!(sent.is_confirmed(), "{sent:?}");
+        entry_becomes(&env, &group, &id, DlqEntryStatus::Dead).await?;
+        let anchor = TraceAnchor::Message(id.clone());
+        let events = |s: &seckill_engine::Story| -> Vec<String> {
+            s.lines
+                .iter()
+                .map(|l| format!("{} {}", l.source, l.event))
+                .collect()
+        };
+
+        let dead = trace_story(&env.pool, &env.store(), &anchor, id.as_str()).await?;
+        assert_eq!(dead.verdict, StoryVerdict::Broken, "{dead:#?}");
+        assert!(dead.reason.contains("DLQ"), "{}", dead.reason);
+        assert_eq!(dead.reservation_id, m.reservation_id);
+        assert!(
+            events(&dead).contains(&"broker dead-lettered".to_owned()),
+            "{dead:#?}"
+        );
+
+        sqlx::raw_sql("DROP TRIGGER poison ON orders")
+            .execute(&env.pool)
+            .await?;
+        let done = replay(
+            &env.pool,
+            &env.names,
+            &producer,
+            &ReplayRequest {
+                message_id: id.clone(),
+                group: None,
+                reason: "trigger dropped".into(),
+                actor: seckill_tests::test_actor(),
+                dry_run: false,
+                force: vec![],
+                verify_within: Duration::from_secs(60),
+                include_replayed: false,
+                retention: RETENTION,
+            },
+        )
+        .await?;
+        assert_eq!(done.outcome, ReplayOutcome::Verified, "{done:#?}");
+        let replayed = trace_story(&env.pool, &env.store(), &anchor, id.as_str()).await?;
+        assert_eq!(replayed.verdict, StoryVerdict::Consistent, "{replayed:#?}");
+        let seen = events(&replayed);
+        for want in [
+            "broker dead-lettered",
+            "postgresql replay",
+            "postgresql order created",
+            "postgresql consumed",
+        ] {
+            assert!(seen.iter().any(|e| e == want), "no {want:?} in {seen:?}");
+        }
+        // The replay's consumption comes after the death on the timeline.
+        let at = |what: &str| seen.iter().position(|e| e == what);
+        assert!(
+            at("broker dead-lettered") < at("postgresql order created"),
+            "{seen:?}"
+        );
+        consumer.shutdown().await;
+        producer.shutdown().await;
         Ok(())
     });
 }
