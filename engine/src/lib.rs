@@ -136,4 +136,6 @@ pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVe
 pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, RestoreRequest};
 pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};
 pub use ops::restore::{RestoreError, RestoreOn, restore_audited};
-pub use ops::trace::{Anchor as TraceAnchor, Story, TraceError, trace as trace_story};
+pub use ops::trace::{
+    Anchor as TraceAnchor, Line as TraceLine, Story, TraceError, trace as trace_story,
+};

@@ -11,8 +11,9 @@ use crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use seckill_engine::{
-    ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayBody, Source, Ticket,
-    TicketBody, TicketId, Watch, db, replay, tickets,
+    ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayBody, ReservationStore,
+    Source, Ticket, TicketBody, TicketId, TraceAnchor, Watch, db, redis_conn, replay, tickets,
+    trace_story,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -155,6 +156,7 @@ fn failed(effect: Effect, e: EffectError) -> Msg {
         },
         Effect::DryRun { .. } => Msg::DryRun(Err(e)),
         Effect::Replay { .. } => Msg::Replayed(Err(e)),
+        Effect::Trace(_) => Msg::Traced(Err(e)),
         Effect::Quit | Effect::Ack(_) | Effect::Assign { .. } => Msg::TicketChanged(Err(e)),
     }
 }
@@ -215,6 +217,20 @@ async fn answer(effect: Effect, kind: EffectKind, cfg: &Config, pool: &db::PgPoo
                 .await
                 .map_err(|e| err(&e)),
         ),
+        // The same reads as `seckillctl trace`: PostgreSQL, then Redis.
+        Effect::Trace(message_id) => {
+            let result = match redis_conn::connect(cfg).await {
+                Ok(conn) => {
+                    let store = ReservationStore::new(conn, cfg.redis_prefix.clone());
+                    let anchor = TraceAnchor::Message(message_id.clone());
+                    trace_story(pool, &store, &anchor, message_id.as_str())
+                        .await
+                        .map_err(|e| err(&e))
+                }
+                Err(e) => Err(err(&e)),
+            };
+            Msg::Traced(result)
+        }
     }
 }
 

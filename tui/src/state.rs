@@ -3,8 +3,8 @@
 //! draws it.
 
 use seckill_engine::{
-    Alert, BacklogRow, DlqEntry, EngineRow, MessageId, PendingRow, PgView, ReplayReport, Ticket,
-    TicketId, Verdict,
+    Alert, BacklogRow, DlqEntry, EngineRow, MessageId, PendingRow, PgView, ReplayReport, Story,
+    Ticket, TicketId, Verdict,
 };
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -81,6 +81,7 @@ pub enum EffectKind {
     Replay,
     Ack,
     Assign,
+    Trace,
 }
 
 /// Why an effect brought no answer: which effect, and the engine's error
@@ -127,6 +128,8 @@ pub struct Drill {
     /// Pre-check verdicts of the selected message (read-only).
     pub verdicts: Option<Result<Vec<Verdict>, EffectError>>,
     pub dry_run: Option<ReplayReport>,
+    /// The selected message's story (`t`, docs/architecture.md §11.6).
+    pub story: Option<Result<Story, EffectError>>,
     pub error: Option<EffectError>,
 }
 
@@ -139,6 +142,7 @@ impl Drill {
             selected: 0,
             verdicts: None,
             dry_run: None,
+            story: None,
             error: None,
         }
     }

@@ -672,3 +672,36 @@ fn a_lost_redis_state_is_in_the_header_and_the_alerts_strip() {
     assert!(header.contains("redis_state_lost"), "{text}");
     assert!(text.contains("activity 7 (LOST)"), "{text}");
 }
+
+#[test]
+fn t_in_a_ticket_traces_the_selected_message_and_shows_its_story() {
+    let mut s = drilled(true);
+    assert_eq!(
+        key(&mut s, Key::Char('t')),
+        Some(Effect::Trace(msg(MSG))),
+        "read-only screens trace too"
+    );
+    use seckill_engine::{ActivityId, ReservationId, Story, StoryVerdict, TraceId, TraceLine};
+    let rsv = ReservationId::generate();
+    let story = Story {
+        anchor: MSG.to_owned(),
+        trace_id: TraceId::of_reservation(&rsv),
+        reservation_id: rsv,
+        activity_id: ActivityId(7),
+        lines: vec![TraceLine {
+            at: Some(Utc.with_ymd_and_hms(2026, 12, 6, 6, 0, 0).unwrap()),
+            source: "broker",
+            event: "dead-lettered".to_owned(),
+            detail: "in %DLQ% queue 0 offset 3".to_owned(),
+        }],
+        verdict: StoryVerdict::Broken,
+        reason: "its message is dead in the DLQ with no effect".to_owned(),
+    };
+    assert_eq!(update(&mut s, Msg::Traced(Ok(story))), None);
+    let shown = screen(&s);
+    assert!(shown.contains("BROKEN"), "{shown}");
+    assert!(shown.contains("dead-lettered"), "{shown}");
+    // Another message: back to its pre-checks.
+    key(&mut s, Key::Down);
+    assert!(s.drill.as_ref().unwrap().story.is_none());
+}

@@ -6,7 +6,7 @@ use crate::state::{
     Confirm, ConfirmStage, Data, Drill, EffectError, EffectKind, Focus, HISTORY, Mode, State,
 };
 use seckill_engine::{
-    DlqEntry, MessageId, ReplayDecision, ReplayReport, Ticket, TicketId, Verdict,
+    DlqEntry, MessageId, ReplayDecision, ReplayReport, Story, Ticket, TicketId, Verdict,
 };
 
 /// A key, already decoded from the terminal's event.
@@ -38,6 +38,8 @@ pub enum Msg {
     DryRun(Result<ReplayReport, EffectError>),
     Replayed(Result<ReplayReport, EffectError>),
     TicketChanged(Result<Ticket, EffectError>),
+    /// The selected message's story (docs/architecture.md §11.6).
+    Traced(Result<Story, EffectError>),
     /// The loop's clock, once per refresh interval.
     Tick(i64),
     /// Ctrl-C, SIGTERM.
@@ -67,6 +69,8 @@ pub enum Effect {
         ticket_id: TicketId,
         owner: String,
     },
+    /// `seckillctl trace` of a message, read-only.
+    Trace(MessageId),
 }
 
 impl Effect {
@@ -81,6 +85,7 @@ impl Effect {
             Effect::Replay { .. } => EffectKind::Replay,
             Effect::Ack(_) => EffectKind::Ack,
             Effect::Assign { .. } => EffectKind::Assign,
+            Effect::Trace(_) => EffectKind::Trace,
         })
     }
 }
@@ -134,6 +139,16 @@ pub fn update(s: &mut State, msg: Msg) -> Option<Effect> {
                 .is_some_and(|e| e.message_id.message_id() == Some(&message_id))
             {
                 d.verdicts = Some(result);
+            }
+            None
+        }
+        Msg::Traced(result) => {
+            s.status = Some(match &result {
+                Ok(story) => format!("story of {}: {:?}", story.anchor, story.verdict),
+                Err(e) => format!("trace failed: {e}"),
+            });
+            if let Some(d) = s.drill.as_mut() {
+                d.story = Some(result);
             }
             None
         }
@@ -239,6 +254,7 @@ fn dry_run_done(s: &mut State, report: ReplayReport) {
 fn precheck(d: &mut Drill) -> Option<Effect> {
     d.verdicts = None;
     d.dry_run = None;
+    d.story = None;
     let e = d.entry()?;
     match e.message_id.replayable() {
         Ok(id) => Some(Effect::Precheck {
@@ -434,6 +450,20 @@ fn drill_key(s: &mut State, k: Key) -> Option<Effect> {
                 precheck(d)
             } else {
                 None
+            }
+        }
+        // Read-only: a reader may follow a message's story too.
+        Key::Char('t') => {
+            let e = d.entry()?;
+            match e.message_id.replayable() {
+                Ok(id) => {
+                    s.status = Some(format!("tracing {id}…"));
+                    Some(Effect::Trace(id.clone()))
+                }
+                Err(why) => {
+                    s.status = Some(why.to_string());
+                    None
+                }
             }
         }
         Key::Char('r') if !s.readonly => {

@@ -2,12 +2,12 @@
 //! run) of the selected one.
 
 use super::{age, panel};
-use crate::state::{Drill, State};
+use crate::state::{Drill, EffectError, State};
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState};
-use seckill_engine::CheckLevel as Level;
+use seckill_engine::{CheckLevel as Level, Story, StoryVerdict};
 
 pub fn render(s: &State, f: &mut Frame, area: Rect) {
     let Some(d) = &s.drill else { return };
@@ -15,7 +15,62 @@ pub fn render(s: &State, f: &mut Frame, area: Rect) {
     let [top, bottom] =
         Layout::vertical([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     messages(d, now, f, top);
-    checks(d, f, bottom);
+    match &d.story {
+        Some(story) => self::story(story, f, bottom),
+        None => checks(d, f, bottom),
+    }
+}
+
+/// The selected message's story (`t`): its timeline and verdict.
+fn story(story: &Result<Story, EffectError>, f: &mut Frame, bottom: Rect) {
+    let s = match story {
+        Ok(s) => s,
+        Err(e) => {
+            f.render_widget(
+                Paragraph::new(format!("trace failed: {e}")).block(panel("story", false)),
+                bottom,
+            );
+            return;
+        }
+    };
+    let (word, color) = match s.verdict {
+        StoryVerdict::Consistent => ("CONSISTENT", Color::Green),
+        StoryVerdict::InFlight => ("IN FLIGHT", Color::Yellow),
+        StoryVerdict::Broken => ("BROKEN", Color::Red),
+    };
+    let heading = format!(
+        "story of {} · reservation {} · {word}: {}",
+        s.anchor, s.reservation_id, s.reason
+    );
+    let rows: Vec<Row> = s
+        .lines
+        .iter()
+        .map(|l| {
+            Row::new(vec![
+                Cell::from(l.at.map_or("-".to_owned(), |a| a.format("%H:%M:%S%.3f").to_string())),
+                Cell::from(l.source),
+                Cell::from(l.event.clone()),
+                Cell::from(l.detail.clone()),
+            ])
+        })
+        .collect();
+    f.render_widget(
+        Table::new(
+            rows,
+            [
+                Constraint::Length(12),
+                Constraint::Length(10),
+                Constraint::Length(16),
+                Constraint::Min(20),
+            ],
+        )
+        .header(
+            Row::new(["AT", "SOURCE", "EVENT", "DETAIL"])
+                .style(Style::new().add_modifier(Modifier::BOLD)),
+        )
+        .block(panel(&heading, false).border_style(Style::new().fg(color))),
+        bottom,
+    );
 }
 
 /// The ticket's messages, the selected one highlighted.

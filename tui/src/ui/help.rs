@@ -12,6 +12,7 @@ pub fn render(s: &State, f: &mut Frame) {
         "Enter      open the selected ticket: its messages and pre-check verdicts",
         "Esc        back; on the main screen, clear the filter",
         "/          filter groups and tickets",
+        "t          (in a ticket) the selected message's story: every store, one timeline",
     ];
     if !s.readonly {
         lines.extend([
