@@ -175,7 +175,7 @@ fn run(
             Command::Order(c) => cmd::order::run(c, &cfg).await,
             Command::Quarantine(c) => cmd::quarantine::run(c, &cfg).await.map(|()| Exit::Ok),
             Command::Reconcile(a) => cmd::reconcile::run(a, &cfg).await,
-            Command::Trace(a) => cmd::trace::run(a, &cfg).await,
+            Command::Trace(a) => cmd::trace::run(a, &cfg, rt).await,
             Command::Bench(c) => cmd::bench::run(c, &cfg, rt).await.map(|()| Exit::Ok),
             Command::Engine(c) => cmd::engine::run(c, &cfg, rt, shape)
                 .await

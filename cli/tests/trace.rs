@@ -31,6 +31,7 @@ async fn trace(env: &TestEnv, id: &str) -> Result<(i32, serde_json::Value)> {
         .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
         .env("SECKILL_REDIS_URL", env.cfg.redis_url.expose_secret())
         .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
+        .env("SECKILL_NAMESRV_ADDR", &env.cfg.namesrv_addr)
         .output()
         .await?;
     let json = serde_json::from_slice(&out.stdout).unwrap_or_default();
@@ -85,6 +86,7 @@ fn an_ordinary_order_then_its_cancel() {
             "postgresql ledger",
             "postgresql consumed",
             "redis reservation",
+            "broker stored",
         ] {
             ensure!(seen.iter().any(|e| e == want), "no {want:?} in {seen:?}");
         }

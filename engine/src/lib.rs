@@ -137,5 +137,6 @@ pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, 
 pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};
 pub use ops::restore::{RestoreError, RestoreOn, restore_audited};
 pub use ops::trace::{
-    Anchor as TraceAnchor, Line as TraceLine, Story, TraceError, trace as trace_story,
+    Anchor as TraceAnchor, Line as TraceLine, Sources as TraceSources, Story, TraceError,
+    trace as trace_story,
 };

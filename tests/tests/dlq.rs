@@ -9,8 +9,8 @@ use seckill_engine::{
     ActivityId, ApplyError, BulkRequest, CheckLevel as Level, ConsumerSpec, DlqEntryKey,
     DlqEntryStatus, FailureClass, MessageId, OrderConsumer, OrderId, Producer, ReplayDecision,
     ReplayError, ReplayOutcome, ReplayRequest, RocketConsumer, RocketProducer, SkuId, StoryVerdict,
-    TicketAction, TicketError, TicketId, TicketStatus, TopicKind, TraceAnchor, UserId,
-    message::OrderCreateRequested, mirror_once, publish::to_outgoing, replay::Check,
+    TicketAction, TicketError, TicketId, TicketStatus, TopicKind, TraceAnchor, TraceSources,
+    UserId, message::OrderCreateRequested, mirror_once, publish::to_outgoing, replay::Check,
     replay::replay, replay::replay_ticket, tickets, trace_story,
 };
 use seckill_tests::{Setup, eventually, run};
@@ -1599,7 +1599,13 @@ fn trace_tells_a_dead_message_then_its_replay() {
                 .collect()
         };
 
-        let dead = trace_story(&env.pool, &env.store(), &anchor, id.as_str()).await?;
+        let store = env.store();
+        let sources = TraceSources {
+            pool: &env.pool,
+            store: &store,
+            broker: Some((&env.admin, &env.names)),
+        };
+        let dead = trace_story(&sources, &anchor, id.as_str()).await?;
         assert_eq!(dead.verdict, StoryVerdict::Broken, "{dead:#?}");
         assert!(dead.reason.contains("DLQ"), "{}", dead.reason);
         assert_eq!(dead.reservation_id, m.reservation_id);
@@ -1629,7 +1635,7 @@ fn trace_tells_a_dead_message_then_its_replay() {
         )
         .await?;
         assert_eq!(done.outcome, ReplayOutcome::Verified, "{done:#?}");
-        let replayed = trace_story(&env.pool, &env.store(), &anchor, id.as_str()).await?;
+        let replayed = trace_story(&sources, &anchor, id.as_str()).await?;
         assert_eq!(replayed.verdict, StoryVerdict::Consistent, "{replayed:#?}");
         let seen = events(&replayed);
         for want in [

@@ -12,8 +12,8 @@ use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use seckill_engine::{
     ClientRuntime, Config, MessageId, Names, Observation, Observer, ReplayBody, ReservationStore,
-    Source, Ticket, TicketBody, TicketId, TraceAnchor, Watch, db, redis_conn, replay, tickets,
-    trace_story,
+    RocketAdmin, Source, Ticket, TicketBody, TicketId, TraceAnchor, TraceSources, Watch, db,
+    redis_conn, replay, tickets, trace_story,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -126,7 +126,7 @@ fn spawn_refresher(cfg: Config, rt: Arc<ClientRuntime>, every: Duration, tx: mps
 }
 
 /// Runs one effect as a task; its answer comes back as a message.
-fn execute(effect: Effect, cfg: &Config, tx: mpsc::Sender<Msg>) {
+fn execute(effect: Effect, cfg: &Config, rt: Arc<ClientRuntime>, tx: mpsc::Sender<Msg>) {
     let cfg = cfg.clone();
     tokio::spawn(async move {
         let Some(kind) = effect.kind() else { return };
@@ -137,7 +137,7 @@ fn execute(effect: Effect, cfg: &Config, tx: mpsc::Sender<Msg>) {
                 return;
             }
         };
-        let msg = answer(effect, kind, &cfg, &pool).await;
+        let msg = answer(effect, kind, &cfg, rt, &pool).await;
         pool.close().await;
         let _ = tx.send(msg).await;
     });
@@ -163,7 +163,13 @@ fn failed(effect: Effect, e: EffectError) -> Msg {
 
 /// Runs the effect through the engine's own functions (the CLI's) and
 /// turns its result into the message `update` expects.
-async fn answer(effect: Effect, kind: EffectKind, cfg: &Config, pool: &db::PgPool) -> Msg {
+async fn answer(
+    effect: Effect,
+    kind: EffectKind,
+    cfg: &Config,
+    rt: Arc<ClientRuntime>,
+    pool: &db::PgPool,
+) -> Msg {
     let names = Names::new(cfg.topic_prefix.clone());
     let err = |e: &dyn std::fmt::Display| EffectError::new(kind, e);
     match effect {
@@ -217,18 +223,28 @@ async fn answer(effect: Effect, kind: EffectKind, cfg: &Config, pool: &db::PgPoo
                 .await
                 .map_err(|e| err(&e)),
         ),
-        // The same reads as `seckillctl trace`: PostgreSQL, then Redis.
+        // The same reads as `seckillctl trace`: PostgreSQL, Redis, the
+        // broker's key index.
         Effect::Trace(message_id) => {
-            let result = match redis_conn::connect(cfg).await {
-                Ok(conn) => {
-                    let store = ReservationStore::new(conn, cfg.redis_prefix.clone());
-                    let anchor = TraceAnchor::Message(message_id.clone());
-                    trace_story(pool, &store, &anchor, message_id.as_str())
-                        .await
-                        .map_err(|e| err(&e))
-                }
-                Err(e) => Err(err(&e)),
+            let store = match redis_conn::connect(cfg).await {
+                Ok(conn) => ReservationStore::new(conn, cfg.redis_prefix.clone()),
+                Err(e) => return Msg::Traced(Err(err(&e))),
             };
+            let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout())
+                .await
+                .ok();
+            let sources = TraceSources {
+                pool,
+                store: &store,
+                broker: admin.as_ref().map(|a| (a, &names)),
+            };
+            let anchor = TraceAnchor::Message(message_id.clone());
+            let result = trace_story(&sources, &anchor, message_id.as_str())
+                .await
+                .map_err(|e| err(&e));
+            if let Some(a) = admin {
+                a.shutdown().await;
+            }
             Msg::Traced(result)
         }
     }
@@ -329,7 +345,7 @@ pub async fn run(cfg: Config, rt: Arc<ClientRuntime>, opts: Options) -> Result<(
         };
         match update(&mut state, msg) {
             Some(Effect::Quit) => break,
-            Some(effect) => execute(effect, &cfg, tx.clone()),
+            Some(effect) => execute(effect, &cfg, rt.clone(), tx.clone()),
             None => {}
         }
     }

@@ -7,9 +7,10 @@ use crate::exit::Exit;
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::Result;
 use seckill_engine::{
-    Config, ReservationStore, Story, StoryVerdict, TraceAnchor, TraceError, db, redis_conn,
-    trace_story,
+    ClientRuntime, Config, Names, ReservationStore, RocketAdmin, Story, StoryVerdict, TraceAnchor,
+    TraceError, TraceSources, db, redis_conn, trace_story,
 };
+use std::sync::Arc;
 
 #[derive(Debug, clap::Args)]
 pub struct TraceArgs {
@@ -52,7 +53,7 @@ fn verdict_word(v: StoryVerdict) -> &'static str {
     }
 }
 
-pub async fn run(args: TraceArgs, cfg: &Config) -> Result<Exit> {
+pub async fn run(args: TraceArgs, cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Exit> {
     let anchor: TraceAnchor = match args.id.parse() {
         Ok(a) => a,
         Err(e) => {
@@ -62,7 +63,26 @@ pub async fn run(args: TraceArgs, cfg: &Config) -> Result<Exit> {
     };
     let pool = db::connect(cfg).await?;
     let store = ReservationStore::new(redis_conn::connect(cfg).await?, cfg.redis_prefix.clone());
-    let story = match trace_story(&pool, &store, &anchor, &args.id).await {
+    // Without the broker the story still holds what PostgreSQL recorded
+    // of it; the lookup's failure is said, not fatal.
+    let names = Names::new(cfg.topic_prefix.clone());
+    let admin = match RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await {
+        Ok(a) => Some(a),
+        Err(e) => {
+            eprintln!("warning: the broker's copies are not looked up: {e}");
+            None
+        }
+    };
+    let sources = TraceSources {
+        pool: &pool,
+        store: &store,
+        broker: admin.as_ref().map(|a| (a, &names)),
+    };
+    let traced = trace_story(&sources, &anchor, &args.id).await;
+    if let Some(a) = admin {
+        a.shutdown().await;
+    }
+    let story = match traced {
         Ok(s) => s,
         Err(e @ TraceError::Unknown(_)) => {
             eprintln!("error: {e}");

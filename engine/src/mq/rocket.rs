@@ -804,6 +804,40 @@ impl RocketAdmin {
         Ok(out)
     }
 
+    /// The messages of `topic` stored under `key` (the reservation id is
+    /// every order message's first key) since `since_ms`, from the brokers'
+    /// key index, at most `max`. A topic that does not exist yet (a
+    /// `%RETRY%` or `%DLQ%` topic before its first message) holds none.
+    pub async fn by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        since_ms: i64,
+        max: i32,
+    ) -> Result<Vec<IncomingMessage>, MqError> {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let found = bounded(
+            "query by key",
+            self.timeout,
+            self.inner.query_message_by_key(
+                None,
+                topic.to_owned().into(),
+                key.to_owned().into(),
+                max,
+                since_ms.max(0),
+                now_ms + 60_000,
+                rocketmq_model::common::message::MessageConst::INDEX_KEY_TYPE.into(),
+                None,
+            ),
+        )
+        .await;
+        match found {
+            Ok(r) => Ok(r.message_list().iter().map(incoming).collect()),
+            Err(e) if e.is_missing_topic() => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads up to `max` messages of one queue from `offset`, e.g. of a
     /// `%DLQ%<group>` topic, without consuming them.
     pub async fn pull(

@@ -12,6 +12,9 @@ use crate::decide::story::{self, Facts, RedisHold, StoryVerdict};
 use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId};
 use crate::domain::status::{CompensationStatus, DlqEntryStatus, OrderStatus, ReservationOutcome};
 use crate::domain::trace::TraceId;
+use crate::mq::rocket::RocketAdmin;
+use crate::mq::topics::{dlq_topic, retry_topic};
+use crate::mq::{Names, TopicKind};
 use crate::reservation::{MqStatus, ReservationError, ReservationStore};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -214,13 +217,59 @@ async fn resolve(
     Ok(None)
 }
 
+/// Where the story is read from. Without a broker admin, the broker's own
+/// copies are not looked up (its sends and deaths still show, as PostgreSQL
+/// recorded them).
+pub struct Sources<'a> {
+    pub pool: &'a PgPool,
+    pub store: &'a ReservationStore,
+    pub broker: Option<(&'a RocketAdmin, &'a Names)>,
+}
+
+/// The broker's copies of the reservation's order message, by its key:
+/// stored, retrying, or dead (docs/architecture.md §11.6). A lookup that
+/// fails is a line of the story, not its end.
+async fn broker_lines(admin: &RocketAdmin, names: &Names, rsv: &ReservationId) -> Vec<Line> {
+    let group = names.group(TopicKind::OrderCreate);
+    let since = rsv.created_at_ms().unwrap_or(0) - 60_000;
+    let mut lines = Vec::new();
+    for (topic, event) in [
+        (names.topic(TopicKind::OrderCreate), "stored"),
+        (retry_topic(&group), "retrying"),
+        (dlq_topic(&group), "in the DLQ"),
+    ] {
+        match admin.by_key(&topic, rsv.as_str(), since, 32).await {
+            Ok(found) => lines.extend(found.into_iter().map(|m| Line {
+                at: DateTime::from_timestamp_millis(m.store_timestamp_ms),
+                source: "broker",
+                event: event.to_owned(),
+                detail: format!(
+                    "{} queue {} offset {}, delivery {}, {}",
+                    m.topic,
+                    m.queue_id,
+                    m.queue_offset,
+                    m.reconsume_times,
+                    m.message_id().unwrap_or("-")
+                ),
+            })),
+            Err(e) => lines.push(Line {
+                at: None,
+                source: "broker",
+                event: "lookup failed".to_owned(),
+                detail: format!("{topic}: {e}"),
+            }),
+        }
+    }
+    lines
+}
+
 /// The story of the reservation `anchor` names.
 pub async fn trace(
-    pool: &PgPool,
-    store: &ReservationStore,
+    sources: &Sources<'_>,
     anchor: &Anchor,
     anchor_text: &str,
 ) -> Result<Story, TraceError> {
+    let (pool, store) = (sources.pool, sources.store);
     let (rsv, activity) = resolve(pool, store, anchor)
         .await?
         .ok_or_else(|| TraceError::Unknown(anchor_text.to_owned()))?;
@@ -456,6 +505,9 @@ pub async fn trace(
             event: "reservation".to_owned(),
             detail: "no hash (released, expired, or never written here)".to_owned(),
         }),
+    }
+    if let Some((admin, names)) = sources.broker {
+        lines.extend(broker_lines(admin, names, &rsv).await);
     }
     lines.sort_by_key(|l| (l.at.is_none(), l.at));
     let (verdict, reason) = story::judge(&facts);
