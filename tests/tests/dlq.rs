@@ -1023,24 +1023,52 @@ async fn entry_becomes(
     .await
 }
 
+/// A message on its way to the DLQ: user 1's order is refused by a
+/// trigger, and its consumer gives up after one retry.
+struct Dying {
+    group: String,
+    consumer: RocketConsumer,
+    producer: RocketProducer,
+    m: OrderCreateRequested,
+}
+
+async fn dying(
+    env: &seckill_tests::TestEnv,
+    activity: ActivityId,
+    sku: SkuId,
+) -> anyhow::Result<Dying> {
+    poisoned(env, activity, sku, 1).await?;
+    let kind = TopicKind::OrderCreate;
+    let (topic, group) = (env.names.topic(kind), env.names.group(kind));
+    env.admin.ensure_group(&group, 1).await?;
+    let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
+    spec.max_reconsume_times = 1;
+    let consumer = order_consumer(env, spec).await?;
+    let producer = producer(env).await?;
+    let m = order_msg(activity, sku);
+    let sent = producer
+        .send(to_outgoing(&m, &topic), Duration::from_secs(3))
+        .await;
+    ensure!(sent.is_confirmed(), "{sent:?}");
+    Ok(Dying {
+        group,
+        consumer,
+        producer,
+        m,
+    })
+}
+
 #[test]
 fn an_entry_dies_again_after_a_failed_replay_then_a_ticket_replay_verifies_it_and_the_ticket() {
     run(Setup::Full, |env| async move {
         let (activity, sku) = (ActivityId(17), SkuId(3));
-        poisoned(&env, activity, sku, 1).await?;
-        let kind = TopicKind::OrderCreate;
-        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
-        env.admin.ensure_group(&group, 1).await?;
-        let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
-        spec.max_reconsume_times = 1;
-        let consumer = order_consumer(&env, spec).await?;
-        let producer = producer(&env).await?;
-        let m = order_msg(activity, sku);
+        let Dying {
+            group,
+            consumer,
+            producer,
+            m,
+        } = dying(&env, activity, sku).await?;
         let id = m.message_id.clone();
-        let sent = producer
-            .send(to_outgoing(&m, &topic), Duration::from_secs(3))
-            .await;
-        ensure!(sent.is_confirmed(), "{sent:?}");
         let dead = entry_becomes(&env, &group, &id, DlqEntryStatus::Dead).await?;
         let ticket = dead.ticket_id.clone().expect("ticketed");
 
@@ -1576,20 +1604,13 @@ fn a_replay_racing_the_brokers_redelivery_has_one_effect_50_rounds() {
 fn trace_tells_a_dead_message_then_its_replay() {
     run(Setup::Full, |env| async move {
         let (activity, sku) = (ActivityId(18), SkuId(3));
-        poisoned(&env, activity, sku, 1).await?;
-        let kind = TopicKind::OrderCreate;
-        let (topic, group) = (env.names.topic(kind), env.names.group(kind));
-        env.admin.ensure_group(&group, 1).await?;
-        let mut spec = ConsumerSpec::new(group.clone(), topic.clone());
-        spec.max_reconsume_times = 1;
-        let consumer = order_consumer(&env, spec).await?;
-        let producer = producer(&env).await?;
-        let m = order_msg(activity, sku);
+        let Dying {
+            group,
+            consumer,
+            producer,
+            m,
+        } = dying(&env, activity, sku).await?;
         let id = m.message_id.clone();
-        let sent = producer
-            .send(to_outgoing(&m, &topic), Duration::from_secs(3))
-            .await;
-        ensure!(sent.is_confirmed(), "{sent:?}");
         entry_becomes(&env, &group, &id, DlqEntryStatus::Dead).await?;
         let anchor = TraceAnchor::Message(id.clone());
         let events = |s: &seckill_engine::Story| -> Vec<String> {
