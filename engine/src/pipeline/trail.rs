@@ -225,7 +225,7 @@ pub fn settled(
     d: &IncomingMessage,
     reservation_id: &ReservationId,
     order_id: Option<&OrderId>,
-    outcome: &dyn std::fmt::Debug,
+    outcome: &str,
 ) {
     if tracing::enabled!(Level::DEBUG) {
         tracing::debug!(
@@ -240,7 +240,7 @@ pub fn settled(
             message_id = d.message_id(),
             reservation_id = %reservation_id,
             order_id = order_id.map(tracing::field::display),
-            outcome = ?outcome,
+            outcome,
             "lifecycle message settled"
         );
     }

@@ -43,6 +43,18 @@ pub enum Settled {
     },
 }
 
+impl Settled {
+    /// Its word in the logs (docs/architecture.md §11.3).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Settled::AlreadyProcessed => "ALREADY_PROCESSED",
+            Settled::Done(CancelOutcome::Canceled { .. }) => "CANCELED",
+            Settled::Done(CancelOutcome::NoOp { reason, .. }) => reason.as_str(),
+            Settled::Rearmed { .. } => "REARMED",
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct CancelConsumer {
     pool: PgPool,
@@ -246,7 +258,7 @@ impl SettleEach for CancelConsumer {
             m,
             &msg.reservation_id,
             Some(&msg.order_id),
-            &settled,
+            settled.name(),
         );
         Ok(())
     }

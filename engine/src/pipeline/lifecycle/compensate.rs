@@ -164,7 +164,11 @@ impl SettleEach for CompensationConsumer {
         let settled = self
             .process(&msg, m.reconsume_times.max(0), m.property(PROP_REPLAY_ID))
             .await?;
-        trail::settled(&self.group, m, &msg.reservation_id, None, &settled);
+        let outcome = match settled {
+            Settled::AlreadyProcessed => "ALREADY_PROCESSED",
+            Settled::Released(o) => code(o),
+        };
+        trail::settled(&self.group, m, &msg.reservation_id, None, outcome);
         Ok(())
     }
 }

@@ -78,22 +78,16 @@ impl SettleEach for ProjectionConsumer {
     }
 
     async fn settle(&self, e: OrderEvent, m: &IncomingMessage) -> Result<(), SettleError> {
-        /// What the log says of an event (docs/architecture.md §11.3).
-        #[derive(Debug)]
-        enum Projected {
-            Applied,
-            Stale,
-        }
         let outcome = match self.apply(&e).await? {
-            true => Projected::Applied,
-            false => Projected::Stale,
+            true => "PROJECTED",
+            false => "STALE",
         };
         trail::settled(
             &self.group,
             m,
             &e.reservation_id,
             Some(&e.order_id),
-            &outcome,
+            outcome,
         );
         Ok(())
     }
