@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn the_token_comes_from_the_environment_then_the_file() {
-        let dir = std::env::temp_dir().join(format!("seckill-cfg4-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("seckill-cfg-token-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("token");
         std::fs::write(&file, "skt_from_file\n").unwrap();
@@ -429,7 +429,7 @@ mod tests {
 
     #[test]
     fn bad_input_names_the_problem() {
-        let dir = std::env::temp_dir().join(format!("seckill-cfg3-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("seckill-cfg-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("seckill.toml"), "no_such_key = 1\n").unwrap();
         let err = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap_err();
