@@ -151,6 +151,7 @@ fn metrics_are_prometheus_text_with_every_seed_name() {
         for name in METRIC_NAMES {
             ensure!(sampled.contains(name), "{name} has no sample in:\n{text}");
         }
+        shipped_rules_and_dashboard_name_exported_metrics(&text)?;
         let value = |series: &str| -> Option<f64> {
             text.lines()
                 .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
@@ -354,4 +355,136 @@ fn admission_control_trips_and_recovers() {
         engine.stop().await?;
         Ok(())
     });
+}
+
+/// The metric names an expression of the shipped rules or dashboard reads:
+/// its identifiers, less PromQL's functions and keywords, label matchers,
+/// ranges and `by (…)` / `without (…)` label lists.
+fn metric_names_in(expr: &str) -> Vec<String> {
+    const PROMQL: [&str; 20] = [
+        "sum",
+        "max",
+        "min",
+        "avg",
+        "count",
+        "rate",
+        "irate",
+        "increase",
+        "delta",
+        "abs",
+        "histogram_quantile",
+        "quantile_over_time",
+        "max_over_time",
+        "and",
+        "or",
+        "unless",
+        "on",
+        "ignoring",
+        "bool",
+        "offset",
+    ];
+    // Drop what sits between braces, brackets and quotes.
+    let mut plain = String::new();
+    let mut closing: Option<char> = None;
+    for c in expr.chars() {
+        match (closing, c) {
+            (Some(end), c) if c == end => closing = None,
+            (Some(_), _) => {}
+            (None, '{') => closing = Some('}'),
+            (None, '[') => closing = Some(']'),
+            (None, '"') => closing = Some('"'),
+            (None, c) => plain.push(c),
+        }
+    }
+    let mut names = Vec::new();
+    let mut skip_list = false;
+    let mut word = String::new();
+    for c in plain.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+            continue;
+        }
+        if !word.is_empty() {
+            let w = std::mem::take(&mut word);
+            if w == "by" || w == "without" {
+                skip_list = true;
+            } else if !skip_list
+                && !PROMQL.contains(&w.as_str())
+                && !w.starts_with(|c: char| c.is_ascii_digit())
+            {
+                names.push(w);
+            }
+        }
+        if c == ')' {
+            skip_list = false;
+        }
+    }
+    names
+}
+
+/// docs/architecture.md §11.2: `deploy/prometheus/seckill-rules.yml` and
+/// `deploy/grafana/seckill.json` read only metrics `/metrics` exports, and
+/// every rule's runbook exists.
+fn shipped_rules_and_dashboard_name_exported_metrics(metrics: &str) -> Result<()> {
+    let exported: HashSet<&str> = metrics
+        .lines()
+        .filter_map(|l| match l.strip_prefix("# TYPE ") {
+            Some(rest) => rest.split(' ').next(),
+            None if !l.starts_with('#') => l.split(['{', ' ']).next(),
+            None => None,
+        })
+        .collect();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let rules = std::fs::read_to_string(root.join("deploy/prometheus/seckill-rules.yml"))?;
+    let mut exprs: Vec<String> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+        .map(str::to_owned)
+        .collect();
+    ensure!(exprs.len() >= 16, "{} rule expressions", exprs.len());
+    for runbook in rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("runbook_url: "))
+    {
+        ensure!(root.join(runbook).is_file(), "no runbook {runbook}");
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        root.join("deploy/grafana/seckill.json"),
+    )?)?;
+    let panels = dashboard["panels"].as_array().cloned().unwrap_or_default();
+    ensure!(panels.len() >= 6, "{} panels", panels.len());
+    for p in &panels {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            exprs.push(t["expr"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+    for expr in &exprs {
+        let names = metric_names_in(expr);
+        ensure!(!names.is_empty(), "{expr:?} names no metric");
+        for name in names {
+            ensure!(
+                exported.contains(name.as_str()),
+                "{expr:?} reads {name}, which /metrics does not export"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn promql_names_are_read_past_functions_labels_and_ranges() {
+    assert_eq!(
+        metric_names_in(
+            r#"sum(rate(mq_publish_total{outcome="UNKNOWN"}[1m])) / sum(rate(mq_publish_total[1m])) > 0.001"#
+        ),
+        ["mq_publish_total", "mq_publish_total"]
+    );
+    assert_eq!(
+        metric_names_in("max by (group) (mq_consumer_lag_seconds) > 2.5"),
+        ["mq_consumer_lag_seconds"]
+    );
+    assert_eq!(
+        metric_names_in("max(no_such_metric) > 1"),
+        ["no_such_metric"]
+    );
 }
