@@ -6,7 +6,7 @@
 use anyhow::{Context, Result, ensure};
 use seckill_engine::{
     ActivityId, OrderId, Producer, RequestId, ReserveOutcome, RocketProducer, SkuId, TopicKind,
-    message::TraceContext, publish::order_message, publish::to_outgoing,
+    publish::order_message, publish::to_outgoing,
 };
 use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run, test_actor};
 use secrecy::ExposeSecret;
@@ -146,7 +146,7 @@ fn a_rejected_reservation_and_one_still_in_flight() {
         );
 
         // Its message, already past validity when it is consumed.
-        let mut msg = order_message(&r, TraceContext::child_of(&r.trace_id));
+        let mut msg = order_message(&r);
         msg.reservation_valid_until = chrono::Utc::now() - chrono::Duration::seconds(1);
         let producer = RocketProducer::start(
             env.rt.clone(),

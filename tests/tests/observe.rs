@@ -6,8 +6,7 @@
 use anyhow::{Result, ensure};
 use seckill_engine::{
     ActivityId, Config, Drain, Level, METRIC_NAMES, Observer, Producer, ReserveOutcome,
-    RocketProducer, SkuId, Source, TopicKind, message::TraceContext, publish::order_message,
-    publish::to_outgoing, view,
+    RocketProducer, SkuId, Source, TopicKind, publish::order_message, publish::to_outgoing, view,
 };
 use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run};
 use std::collections::HashSet;
@@ -214,10 +213,7 @@ fn backlog_and_pending_track_a_stopped_consumer() {
             let ReserveOutcome::Reserved(r) = s.reserve(&req, born + 600_000).await? else {
                 anyhow::bail!("reservation refused");
             };
-            msgs.push(to_outgoing(
-                &order_message(&r, TraceContext::generate()),
-                &topic,
-            ));
+            msgs.push(to_outgoing(&order_message(&r), &topic));
         }
         let producer = RocketProducer::start(
             env.rt.clone(),

@@ -7,7 +7,7 @@ use seckill_engine::{
     ActivityId, Config, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, NewActivity,
     OrderConsumer, Producer, RequestId, Reservation, ReservationId, ReservationStore,
     ReserveOutcome, ReserveRequest, RocketConsumer, RocketProducer, SkuId, TopicKind, TraceId,
-    activity, message::TraceContext, publish::order_message, publish::to_outgoing,
+    activity, publish::order_message, publish::to_outgoing,
 };
 use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run};
 use std::sync::Arc;
@@ -65,7 +65,7 @@ async fn store_on_broker(env: &TestEnv, r: &Reservation) -> Result<()> {
     )
     .await?;
     let topic = env.names.topic(TopicKind::OrderCreate);
-    let m = order_message(r, TraceContext::generate());
+    let m = order_message(r);
     let out = producer
         .send(to_outgoing(&m, &topic), Duration::from_secs(3))
         .await;

@@ -288,6 +288,27 @@ pub struct StatsView {
     pub positions: Vec<QueuePosition>,
 }
 
+/// Several daemons' positions as one, the furthest per queue, in key order.
+fn furthest(all: impl Iterator<Item = QueuePosition>) -> Vec<QueuePosition> {
+    let mut by_queue: std::collections::BTreeMap<(String, String, String, i32), QueuePosition> =
+        Default::default();
+    for q in all {
+        let key = (
+            q.group.clone(),
+            q.topic.clone(),
+            q.broker.clone(),
+            q.queue_id,
+        );
+        match by_queue.get_mut(&key) {
+            Some(p) => p.offset = p.offset.max(q.offset),
+            None => {
+                by_queue.insert(key, q);
+            }
+        }
+    }
+    by_queue.into_values().collect()
+}
+
 /// The first offset of one queue a daemon has not yet answered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueuePosition {
@@ -609,19 +630,7 @@ impl StatsView {
             },
             // A queue has one owner at a time; a daemon that just gave one
             // up may still list it, never ahead of the new owner's truth.
-            positions: {
-                let mut all = self.positions;
-                for q in o.positions {
-                    match all.iter_mut().find(|p| {
-                        (&p.group, &p.topic, &p.broker, p.queue_id)
-                            == (&q.group, &q.topic, &q.broker, q.queue_id)
-                    }) {
-                        Some(p) => p.offset = p.offset.max(q.offset),
-                        None => all.push(q),
-                    }
-                }
-                all
-            },
+            positions: furthest(self.positions.into_iter().chain(o.positions)),
             circuit: CircuitView {
                 opened: self.circuit.opened + o.circuit.opened,
                 held: self.circuit.held + o.circuit.held,

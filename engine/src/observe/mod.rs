@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::domain::clock::now_ms;
 use crate::domain::ids::ActivityId;
 use crate::domain::message::parse_order_create;
-use crate::domain::stats::StatsView;
+use crate::domain::stats::{QueuePosition, StatsView};
 use crate::mq::rocket::RocketAdmin;
 use crate::mq::{Names, TopicKind};
 use crate::reservation::ReservationStore;
@@ -366,7 +366,10 @@ impl Observer {
                     }
                     false => Vec::new(),
                 };
-                let positions = Reported::of(asked.iter().filter_map(|s| s.stats.as_ref()));
+                // Every answering daemon as one: its positions are the
+                // furthest per queue.
+                let engine = StatsView::merge(asked.iter().filter_map(|s| s.stats.as_ref()));
+                let positions = Reported::of(engine.iter().flat_map(|e| &e.positions));
                 let groups = bounded(
                     limit,
                     groups(
@@ -379,7 +382,7 @@ impl Observer {
                     ),
                 )
                 .await;
-                (groups, (registry, asked))
+                (groups, (registry, asked, engine))
             },
             bounded(limit * 2, pending(self.store.as_ref(), at_ms + horizon_ms)),
             bounded(limit, pg_server(self.pool.as_ref())),
@@ -393,10 +396,8 @@ impl Observer {
         let pending = take(e, Source::Redis, pending).unwrap_or_default();
         let pg = take(e, Source::Postgresql, pg);
         let dlq = take(e, Source::Dlq, dlq);
-        let (registry, engines) = registered;
+        let (registry, engines, engine) = registered;
         let live_engines = take(e, Source::Postgresql, registry).map(|rows| live_count(&rows));
-        let answered: Vec<&StatsView> = engines.iter().filter_map(|s| s.stats.as_ref()).collect();
-        let engine = StatsView::merge(answered);
         // No engine answered at all: the engine figures are missing, and
         // that is the source's error. One daemon of several not answering
         // is a finding of its row, not an error of the sample.
@@ -629,22 +630,19 @@ async fn registry(
 /// read during an incident, short enough that last week's restarts are gone.
 pub const DEAD_SHOWN: Duration = Duration::from_secs(600);
 
-/// Every answering engine's queue positions (docs/architecture.md §10.4),
-/// the furthest per queue.
+/// The engines' queue positions (docs/architecture.md §10.4), as the
+/// merged view holds them (one per queue), by (group, topic).
 #[derive(Debug, Default)]
 struct Reported(BTreeMap<(String, String), BTreeMap<(String, i32), i64>>);
 
 impl Reported {
-    fn of<'a>(views: impl IntoIterator<Item = &'a StatsView>) -> Self {
+    fn of<'a>(merged: impl IntoIterator<Item = &'a QueuePosition>) -> Self {
         let mut all = Reported::default();
-        for q in views.into_iter().flat_map(|v| &v.positions) {
-            let at = all
-                .0
+        for q in merged {
+            all.0
                 .entry((q.group.clone(), q.topic.clone()))
                 .or_default()
-                .entry((q.broker.clone(), q.queue_id))
-                .or_insert(q.offset);
-            *at = (*at).max(q.offset);
+                .insert((q.broker.clone(), q.queue_id), q.offset);
         }
         all
     }

@@ -4,7 +4,6 @@
 //! [`Refusal`] to a status code; everything between lives here.
 
 use crate::domain::ids::{ActivityId, MessageId, OrderId, RequestId, ReservationId, SkuId, UserId};
-use crate::domain::message::TraceContext;
 use crate::domain::trace::TraceId;
 use crate::pipeline::publish::{Publisher, order_message};
 use crate::pipeline::trail;
@@ -189,8 +188,7 @@ impl Ingress {
         {
             ReserveOutcome::Reserved(r) => {
                 self.count_accepted(call.activity);
-                self.publisher
-                    .offer(order_message(&r, TraceContext::child_of(&r.trace_id)));
+                self.publisher.offer(order_message(&r));
                 Ok(r)
             }
             // The same request_id must mean the same request: another user

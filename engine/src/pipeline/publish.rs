@@ -54,7 +54,7 @@ pub const PRODUCER_NAME: &str = "seckill-engine";
 
 /// The docs/architecture.md §3.3 body for a reservation. Every send of it, first or re-send,
 /// carries the same `message_id`; only `retry_count` moves.
-pub fn order_message(r: &Reservation, trace: TraceContext) -> OrderCreateRequested {
+pub fn order_message(r: &Reservation) -> OrderCreateRequested {
     OrderCreateRequested {
         schema_version: SCHEMA_VERSION,
         event_type: ORDER_CREATE_EVENT.to_owned(),
@@ -73,7 +73,9 @@ pub fn order_message(r: &Reservation, trace: TraceContext) -> OrderCreateRequest
         retry_count: r.send_attempt as i32,
         replay_count: 0,
         producer: PRODUCER_NAME.to_owned(),
-        trace,
+        // A new span of the reservation's own trace: every send, the
+        // scanner's included, stays in it (docs/architecture.md §11.5).
+        trace: TraceContext::child_of(&r.trace_id),
     }
 }
 
@@ -364,7 +366,7 @@ mod tests {
     #[test]
     fn a_message_queued_past_its_first_retry_is_the_scanners() {
         let created = Utc::now().timestamp_millis();
-        let m = order_message(&reservation(created), TraceContext::generate());
+        let m = order_message(&reservation(created));
         let at = |ms: i64| at_ms(created + ms);
         let after = Duration::from_secs(5);
         assert!(still_ours(&m, at(0), after));

@@ -13,7 +13,7 @@
 use crate::config::ScannerConfig;
 use crate::decide::circuit::Permit;
 use crate::domain::clock::now_ms;
-use crate::domain::message::{OrderCreateRequested, TraceContext};
+use crate::domain::message::OrderCreateRequested;
 use crate::domain::stats::PublishStats;
 use crate::mq::{Producer, SendOutcome};
 use crate::pipeline::circuit::SendCircuit;
@@ -129,7 +129,7 @@ async fn pass_activity<P: Producer>(
         .into_iter()
         .partition(|r| now > r.valid_until_ms + EXPIRY_GRACE_MS);
     for r in &expired {
-        settle_expired(deps, &order_message(r, TraceContext::child_of(&r.trace_id))).await?;
+        settle_expired(deps, &order_message(r)).await?;
     }
     deps.stats.resent.add(live.len() as u64);
     deps.stats.resend_expired.add(expired.len() as u64);
@@ -158,10 +158,7 @@ async fn pass_activity<P: Producer>(
         }
         let deps = deps.clone();
         let (base, max) = (cfg.backoff_base_ms, cfg.backoff_max_ms);
-        let batch: Vec<_> = chunk
-            .iter()
-            .map(|r| order_message(r, TraceContext::child_of(&r.trace_id)))
-            .collect();
+        let batch: Vec<_> = chunk.iter().map(order_message).collect();
         let attempts: Vec<u32> = chunk.iter().map(|r| r.send_attempt).collect();
         let span = tracing::info_span!("resend", n = batch.len());
         workers.spawn(tracing::Instrument::instrument(
