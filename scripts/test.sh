@@ -48,6 +48,11 @@ fi
 log "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked --features seckill-tests/cluster -- -D warnings
 
+# The binary without its default `otlp` feature (docs/architecture.md
+# §11.5) must still build, and refuse an endpoint rather than drop spans.
+log "cargo clippy -p seckillctl --no-default-features"
+cargo clippy -p seckillctl --locked --no-default-features -- -D warnings
+
 log "cargo test"
 # Two cores: the integration tests share one broker, so keep the number of
 # test threads modest; every test is isolated by its own prefixes.

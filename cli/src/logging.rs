@@ -30,14 +30,21 @@ pub fn stdout_is_terminal() -> bool {
 }
 
 /// Installs the subscriber: `filter` (`--log`, or `RUST_LOG`) in `shape`,
-/// on stderr.
-pub fn init(filter: &str, shape: Shape) {
+/// on stderr; and, given `otlp` (a daemon's `[log] otlp_endpoint`), the
+/// engine's stage spans exported over OTLP/HTTP. The returned guard
+/// flushes the spans still queued when it drops, at exit.
+///
+/// Call it before the runtime starts: the exporter's blocking HTTP client
+/// must not be built inside one.
+pub fn init(filter: &str, shape: Shape, otlp: Option<&str>) -> Result<Telemetry, OtlpError> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match shape {
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match shape {
         // One object per line: the event's fields at the top level beside
         // `timestamp`, `level`, `target` and `message`, and the span it
         // happened in, so `jq` can select on any of them.
@@ -46,8 +53,132 @@ pub fn init(filter: &str, shape: Shape) {
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
-            .init(),
-        Shape::Text => fmt.init(),
+            .with_filter(filter)
+            .boxed(),
+        Shape::Text => fmt.with_filter(filter).boxed(),
+    };
+    let (otel, telemetry) = match otlp {
+        Some(endpoint) => otlp::layer(endpoint)?,
+        None => (None, Telemetry::default()),
+    };
+    let layers: Vec<Boxed> = std::iter::once(fmt).chain(otel).collect();
+    tracing_subscriber::registry().with(layers).init();
+    Ok(telemetry)
+}
+
+/// A layer over the registry, boxed so the optional ones compose.
+type Boxed = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// Why the OTLP exporter could not start: the daemon refuses to run
+/// rather than drop its spans without a word.
+#[derive(Debug, thiserror::Error)]
+pub enum OtlpError {
+    #[error(
+        "[log] otlp_endpoint {0:?} is not an http:// or https:// address; give e.g. http://127.0.0.1:4318 (or unset SECKILL_OTLP_ENDPOINT)"
+    )]
+    BadEndpoint(String),
+    #[cfg_attr(feature = "otlp", allow(dead_code))]
+    #[error(
+        "[log] otlp_endpoint is set but this seckillctl was built without the `otlp` feature; rebuild with `cargo build --release --features otlp` (on by default), or unset the endpoint"
+    )]
+    NotBuiltIn,
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+    #[error("cannot start the OTLP exporter for {endpoint}: {detail}")]
+    Exporter { endpoint: String, detail: String },
+}
+
+/// The URL spans are posted to: a bare address (no path, or `/`) means
+/// the collector's standard `/v1/traces`, as the OpenTelemetry SDKs read
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`; a URL with a path is used as it is. Pure.
+pub fn traces_url(endpoint: &str) -> Result<String, OtlpError> {
+    let e = endpoint.trim();
+    let rest = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+        .filter(|r| !r.is_empty() && !r.starts_with('/') && !r.contains(char::is_whitespace))
+        .ok_or_else(|| OtlpError::BadEndpoint(endpoint.to_owned()))?;
+    Ok(match rest.split_once('/') {
+        None => format!("{e}/v1/traces"),
+        Some((_, "")) => format!("{e}v1/traces"),
+        Some(_) => e.to_owned(),
+    })
+}
+
+/// Flushes the exporter's queue when dropped (a no-op without one).
+#[derive(Default)]
+#[must_use = "dropping it at once shuts the exporter down"]
+pub struct Telemetry {
+    #[cfg(feature = "otlp")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        #[cfg(feature = "otlp")]
+        if let Some(p) = self.provider.take() {
+            // A collector that is down costs the exporter's timeout, once,
+            // at exit; the spans it could not take are lost, not retried.
+            if let Err(e) = p.shutdown() {
+                eprintln!("warning: the OTLP exporter did not flush its last spans: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(feature = "otlp")]
+mod otlp {
+    use super::{Boxed, OtlpError, Telemetry, traces_url};
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::WithExportConfig;
+    use std::time::Duration;
+    use tracing_subscriber::Layer;
+
+    /// The engine's stage spans (`publish`, `resend`, `consume`,
+    /// `lifecycle`), each linked to the traces of its messages
+    /// (docs/architecture.md §11.5), at INFO whatever `--log` says: the
+    /// log's level is for people, the trace's for the collector.
+    pub fn layer(endpoint: &str) -> Result<(Option<Boxed>, Telemetry), OtlpError> {
+        let url = traces_url(endpoint)?;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(url.clone())
+            .with_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| OtlpError::Exporter {
+                endpoint: url,
+                detail: e.to_string(),
+            })?;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(
+                opentelemetry_sdk::Resource::builder()
+                    .with_service_name("seckill-engine")
+                    .build(),
+            )
+            .build();
+        let tracer = provider.tracer("seckill-engine");
+        let spans = tracing_subscriber::filter::Targets::new()
+            .with_target("seckill_engine", tracing::Level::INFO);
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(spans)
+            .boxed();
+        Ok((
+            Some(layer),
+            Telemetry {
+                provider: Some(provider),
+            },
+        ))
+    }
+}
+
+#[cfg(not(feature = "otlp"))]
+mod otlp {
+    use super::{Boxed, OtlpError, Telemetry, traces_url};
+
+    pub fn layer(endpoint: &str) -> Result<(Option<Boxed>, Telemetry), OtlpError> {
+        traces_url(endpoint)?;
+        Err(OtlpError::NotBuiltIn)
     }
 }
 
@@ -63,6 +194,34 @@ pub fn off() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_collector_address_means_its_traces_path() {
+        for (given, url) in [
+            ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
+            ("http://127.0.0.1:4318/", "http://127.0.0.1:4318/v1/traces"),
+            (" https://otel.internal ", "https://otel.internal/v1/traces"),
+            (
+                "http://gw:4318/otlp/v1/traces",
+                "http://gw:4318/otlp/v1/traces",
+            ),
+        ] {
+            assert_eq!(traces_url(given).unwrap(), url, "{given:?}");
+        }
+        for bad in [
+            "",
+            "127.0.0.1:4318",
+            "grpc://x:4317",
+            "http://",
+            "http:///v1/traces",
+            "http://a b",
+        ] {
+            assert!(
+                matches!(traces_url(bad), Err(OtlpError::BadEndpoint(_))),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn the_flag_wins_and_auto_means_json_only_for_a_daemon_off_a_terminal() {

@@ -133,11 +133,25 @@ fn main() -> ExitCode {
         logging::stdout_is_terminal(),
     );
     // Log lines would tear the TUI's screen apart: it shows errors itself.
-    if matches!(cli.command, Command::Tui(_)) {
+    // Spans go to a collector from the daemon only: the other commands
+    // run no pipeline stage (docs/architecture.md §11.5).
+    let otlp = cfg
+        .as_ref()
+        .ok()
+        .and_then(|c| c.log.otlp_endpoint.as_deref())
+        .filter(|_| daemon);
+    let _telemetry = if matches!(cli.command, Command::Tui(_)) {
         logging::off();
+        logging::Telemetry::default()
     } else {
-        logging::init(&cli.log, shape);
-    }
+        match logging::init(&cli.log, shape, otlp) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(Exit::Usage.code());
+            }
+        }
+    };
     let code = match run(cli, cfg, shape) {
         Ok(code) => code,
         Err(err) => {

@@ -20,6 +20,9 @@ pub const ENV_ENGINE_URL: &str = "SECKILL_ENGINE_URL";
 /// The bearer token for the engine's API (docs/security.md); `[auth]
 /// token_file` names a file holding it instead.
 pub const ENV_TOKEN: &str = "SECKILL_TOKEN";
+/// `[log] otlp_endpoint`: where the daemon sends its spans; empty turns
+/// the file's off.
+pub const ENV_OTLP_ENDPOINT: &str = "SECKILL_OTLP_ENDPOINT";
 
 /// Flags that override everything else.
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -110,6 +113,9 @@ pub fn layer(flags: &ConfigFlags, env: &HashMap<String, String>, cwd: &Path) -> 
         cfg.engine_url = urls[0].clone();
         cfg.engine_urls = urls;
     }
+    if let Some(v) = env.get(ENV_OTLP_ENDPOINT) {
+        cfg.log.otlp_endpoint = Some(v.trim().to_owned()).filter(|v| !v.is_empty());
+    }
     cfg.auth.readonly |= flags.readonly;
     cfg.auth.direct = flags.direct;
     cfg.auth.token = match env.get(ENV_TOKEN).filter(|t| !t.trim().is_empty()) {
@@ -146,6 +152,9 @@ fn read_file(path: &Path) -> Result<Config> {
 }
 
 fn validate(cfg: &Config) -> Result<()> {
+    if let Some(e) = &cfg.log.otlp_endpoint {
+        crate::logging::traces_url(e)?;
+    }
     if !cfg
         .topic_prefix
         .chars()

@@ -51,6 +51,11 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     pub format: LogFormat,
+    /// Where the daemon sends its spans over OTLP/HTTP, e.g.
+    /// `http://127.0.0.1:4318` (a bare address means its `/v1/traces`);
+    /// none by default (docs/architecture.md §11.5). The binary needs its
+    /// `otlp` feature, on by default.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `auto`: the daemon logs JSON when its stdout is not a terminal (a

@@ -304,6 +304,7 @@ pub fn spawn<P: Producer>(
             }
             let deps = deps.clone();
             let span = tracing::info_span!("publish", n = batch.len());
+            trail::link(&span, batch.iter().map(|m| m.trace.traceparent.as_str()));
             inner.spawn(tracing::Instrument::instrument(async move {
                 // Held: the batch stays pending in Redis, due for the
                 // scanner at its first retry time, which sends it once the

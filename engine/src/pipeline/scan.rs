@@ -161,6 +161,7 @@ async fn pass_activity<P: Producer>(
         let batch: Vec<_> = chunk.iter().map(order_message).collect();
         let attempts: Vec<u32> = chunk.iter().map(|r| r.send_attempt).collect();
         let span = tracing::info_span!("resend", n = batch.len());
+        trail::link(&span, batch.iter().map(|m| m.trace.traceparent.as_str()));
         workers.spawn(tracing::Instrument::instrument(
             async move {
                 let result = async {

@@ -252,3 +252,69 @@ pub fn trace_of(d: &IncomingMessage) -> Option<String> {
         .and_then(crate::domain::trace::parse_traceparent)
         .map(|t| t.to_string())
 }
+
+/// Links a stage's batch span to the span of every message it carries
+/// (docs/architecture.md §11.5): a batch serves many reservations, so it
+/// cannot sit inside one reservation's trace; with an OpenTelemetry layer
+/// (feature `otlp`), a trace viewer goes from the batch to each of them.
+/// Without the feature, or when nothing records the span, it does nothing.
+pub fn link<'a>(span: &tracing::Span, traceparents: impl IntoIterator<Item = &'a str>) {
+    #[cfg(feature = "otlp")]
+    {
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        if span.is_disabled() {
+            return;
+        }
+        for cx in traceparents.into_iter().filter_map(span_context) {
+            span.add_link(cx);
+        }
+    }
+    #[cfg(not(feature = "otlp"))]
+    let _ = (span, traceparents);
+}
+
+/// The span a `traceparent` header names, as a remote span context; `None`
+/// for a header that W3C Trace Context says to ignore.
+#[cfg(feature = "otlp")]
+fn span_context(traceparent: &str) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceFlags, TraceId as OtelTraceId, TraceState,
+    };
+    let trace = crate::domain::trace::parse_traceparent(traceparent)?;
+    let mut parts = traceparent.trim().split('-').skip(2);
+    let span_id = SpanId::from_hex(parts.next()?).ok()?;
+    let flags = u8::from_str_radix(parts.next()?.get(..2)?, 16).ok()?;
+    Some(SpanContext::new(
+        OtelTraceId::from_hex(trace.as_str()).ok()?,
+        span_id,
+        TraceFlags::new(flags),
+        true,
+        TraceState::default(),
+    ))
+}
+
+#[cfg(all(test, feature = "otlp"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_valid_traceparent_names_a_remote_span_and_a_bad_one_nothing() {
+        let cx =
+            span_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").expect("valid");
+        assert_eq!(
+            cx.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(cx.span_id().to_string(), "00f067aa0ba902b7");
+        assert!(cx.is_remote() && cx.is_sampled());
+        for bad in [
+            "",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(span_context(bad).is_none(), "{bad:?}");
+        }
+    }
+}

@@ -31,7 +31,9 @@ use crate::domain::message::{Malformed, OrderCreateRequested, parse_order_create
 use crate::domain::stats::ConsumeStats;
 use crate::domain::status::{FailureClass, ReservationOutcome};
 use crate::domain::trace::TraceId;
-use crate::mq::{ConsumeVerdict, Handler, IncomingMessage, Names, PROP_REPLAY_ID, TopicKind};
+use crate::mq::{
+    ConsumeVerdict, Handler, IncomingMessage, Names, PROP_REPLAY_ID, PROP_TRACEPARENT, TopicKind,
+};
 use crate::pipeline::concurrency::Limiter;
 use crate::pipeline::trail;
 use sqlx::PgPool;
@@ -375,6 +377,10 @@ impl Handler for OrderConsumer {
         // One span a stage (docs/architecture.md §11.3): an OpenTelemetry
         // layer turns it into a span of the trace.
         let span = tracing::info_span!("consume", group = %self.group, n);
+        trail::link(
+            &span,
+            batch.iter().filter_map(|m| m.property(PROP_TRACEPARENT)),
+        );
         let verdict = tracing::Instrument::instrument(self.handle_batch(batch), span).await;
         self.stats.inflight.add(-(n as i64));
         self.stats.process_latency.record(started.elapsed());

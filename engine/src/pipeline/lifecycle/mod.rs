@@ -25,8 +25,9 @@ pub use projection::ProjectionConsumer;
 
 use crate::domain::message::Malformed;
 use crate::domain::status::FailureClass;
-use crate::mq::{ConsumeVerdict, IncomingMessage};
+use crate::mq::{ConsumeVerdict, IncomingMessage, PROP_TRACEPARENT};
 use crate::pipeline::consume::{db_failure_class, quarantine, record_failures};
+use crate::pipeline::trail;
 use crate::reservation::ReservationError;
 use sqlx::PgPool;
 use std::future::Future;
@@ -73,6 +74,10 @@ pub(crate) async fn handle_each<C: SettleEach>(
 ) -> ConsumeVerdict {
     // One span a stage (docs/architecture.md §11.3).
     let span = tracing::info_span!("lifecycle", group = c.group(), n = batch.len());
+    trail::link(
+        &span,
+        batch.iter().filter_map(|m| m.property(PROP_TRACEPARENT)),
+    );
     tracing::Instrument::instrument(settle_each(c, batch), span).await
 }
 
