@@ -10,6 +10,10 @@ ROCKETMQ_ROOT="$CACHE_DIR/rocketmq-$ROCKETMQ_VERSION"
 NAMESRV_BIN="$ROCKETMQ_ROOT/bin/rocketmq-namesrv-rust"
 BROKER_BIN="$ROCKETMQ_ROOT/bin/rocketmq-broker-rust"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_DIR/target}"
+# promtool, for the test that checks deploy/prometheus/seckill-rules.yml
+# (tests/tests/observe.rs); `stack.sh install` unpacks it from Debian's
+# prometheus package.
+export SECKILL_PROMTOOL="${SECKILL_PROMTOOL:-$CACHE_DIR/prometheus/promtool}"
 
 PG_HOST=127.0.0.1
 PG_PORT=5432
@@ -58,6 +62,28 @@ apt_install() {
   fi
   log "apt-get install $*"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+}
+
+# promtool_install: only the promtool binary of Debian's prometheus package,
+# unpacked into the cache: installing the package itself would also start a
+# Prometheus server on the machine, which nothing here wants.
+promtool_install() {
+  if [ -x "$SECKILL_PROMTOOL" ]; then return; fi
+  need_root_for_apt "prometheus (for promtool)"
+  if [ ! -f "$STATE_DIR/.apt-updated" ]; then
+    log "apt-get update"
+    apt-get update -qq >&2
+    mkdir -p "$STATE_DIR" && touch "$STATE_DIR/.apt-updated"
+  fi
+  local tmp
+  tmp=$(mktemp -d)
+  chmod a+rwx "$tmp" # apt-get download fetches as its own user, _apt
+  log "fetching promtool from Debian's prometheus package into $(dirname "$SECKILL_PROMTOOL")"
+  (cd "$tmp" && apt-get download -qq prometheus >&2 && dpkg-deb -x prometheus_*.deb x) \
+    || { rm -rf "$tmp"; die "could not fetch Debian's prometheus package for promtool (apt-get download prometheus)"; }
+  mkdir -p "$(dirname "$SECKILL_PROMTOOL")"
+  mv "$tmp/x/usr/bin/promtool" "$SECKILL_PROMTOOL"
+  rm -rf "$tmp"
 }
 
 # write_engine_conf FILE BATCH: the publisher and consumer batch size, 4 threads.

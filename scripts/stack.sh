@@ -410,6 +410,6 @@ case "$cmd" in
   down) down ;;
   status) status ;;
   env) env_lines ;;
-  install) rocketmq_install ;;
+  install) promtool_install; rocketmq_install ;;
   *) echo "usage: $0 up|down|status|env|install [--cluster]" >&2; exit 2 ;;
 esac

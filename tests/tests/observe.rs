@@ -418,6 +418,31 @@ fn metric_names_in(expr: &str) -> Vec<String> {
     names
 }
 
+/// `promtool check rules` accepts the shipped rules: PromQL that parses,
+/// durations, labels and annotations where Prometheus wants them.
+/// `stack.sh install` unpacks promtool from Debian's prometheus package
+/// and `scripts/lib.sh` names it in `SECKILL_PROMTOOL`.
+#[test]
+fn promtool_accepts_the_shipped_rules() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let promtool = std::env::var("SECKILL_PROMTOOL").unwrap_or_else(|_| "promtool".to_owned());
+    let out = std::process::Command::new(&promtool)
+        .arg("check")
+        .arg("rules")
+        .arg(root.join("deploy/prometheus/seckill-rules.yml"))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {promtool} ({e}): run ./scripts/stack.sh install, which fetches it")
+        });
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool check rules: {said}");
+    assert!(said.contains("SUCCESS"), "{said}");
+}
+
 /// docs/architecture.md §11.2: `deploy/prometheus/seckill-rules.yml` and
 /// `deploy/grafana/seckill.json` read only metrics `/metrics` exports, and
 /// every rule's runbook exists.
