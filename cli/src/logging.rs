@@ -41,7 +41,11 @@ pub fn init(filter: &str, shape: Shape, otlp: Option<&str>) -> Result<Telemetry,
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
 
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let user = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| filter.to_owned());
+    let filter = tracing_subscriber::EnvFilter::try_new(directives(&user, otlp.is_some()))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = match shape {
@@ -53,21 +57,32 @@ pub fn init(filter: &str, shape: Shape, otlp: Option<&str>) -> Result<Telemetry,
             .flatten_event(true)
             .with_current_span(true)
             .with_span_list(false)
-            .with_filter(filter)
             .boxed(),
-        Shape::Text => fmt.with_filter(filter).boxed(),
+        Shape::Text => fmt.boxed(),
     };
+    let subscriber = tracing_subscriber::registry().with(filter).with(fmt);
     let (otel, telemetry) = match otlp {
         Some(endpoint) => otlp::layer(endpoint)?,
         None => (None, Telemetry::default()),
     };
-    let layers: Vec<Boxed> = std::iter::once(fmt).chain(otel).collect();
-    tracing_subscriber::registry().with(layers).init();
+    subscriber.with(otel).init();
     Ok(telemetry)
 }
 
-/// A layer over the registry, boxed so the optional ones compose.
-type Boxed = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+/// The one filter of every layer: `user`'s directives (`--log` or
+/// `RUST_LOG`), and with an exporter the engine at INFO at least, the
+/// level of its stage spans, unless `user` names the engine itself (the
+/// later directive wins). One filter, not one a layer: per-layer filters
+/// lost the ingress lines and most spans here (tokio-rs/tracing#2929 and
+/// its kin), so the log shows the engine's INFO lines (one a batch) while
+/// spans are exported. Pure.
+pub fn directives(user: &str, exporting: bool) -> String {
+    if exporting {
+        format!("seckill_engine=info,{user}")
+    } else {
+        user.to_owned()
+    }
+}
 
 /// Why the OTLP exporter could not start: the daemon refuses to run
 /// rather than drop its spans without a word.
@@ -127,7 +142,7 @@ impl Drop for Telemetry {
 
 #[cfg(feature = "otlp")]
 mod otlp {
-    use super::{Boxed, OtlpError, Telemetry, traces_url};
+    use super::{OtlpError, Telemetry, traces_url};
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::WithExportConfig;
     use std::time::Duration;
@@ -135,9 +150,11 @@ mod otlp {
 
     /// The engine's stage spans (`publish`, `resend`, `consume`,
     /// `lifecycle`), each linked to the traces of its messages
-    /// (docs/architecture.md §11.5), at INFO whatever `--log` says: the
-    /// log's level is for people, the trace's for the collector.
-    pub fn layer(endpoint: &str) -> Result<(Option<Boxed>, Telemetry), OtlpError> {
+    /// (docs/architecture.md §11.5); [`super::directives`] keeps them on.
+    pub fn layer<S>(endpoint: &str) -> Result<(Option<impl Layer<S>>, Telemetry), OtlpError>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
         let url = traces_url(endpoint)?;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
@@ -157,12 +174,7 @@ mod otlp {
             )
             .build();
         let tracer = provider.tracer("seckill-engine");
-        let spans = tracing_subscriber::filter::Targets::new()
-            .with_target("seckill_engine", tracing::Level::INFO);
-        let layer = tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_filter(spans)
-            .boxed();
+        let layer = tracing_opentelemetry::layer().with_tracer(tracer);
         Ok((
             Some(layer),
             Telemetry {
@@ -174,9 +186,10 @@ mod otlp {
 
 #[cfg(not(feature = "otlp"))]
 mod otlp {
-    use super::{Boxed, OtlpError, Telemetry, traces_url};
+    use super::{OtlpError, Telemetry, traces_url};
+    use tracing_subscriber::layer::Identity;
 
-    pub fn layer(endpoint: &str) -> Result<(Option<Boxed>, Telemetry), OtlpError> {
+    pub fn layer(endpoint: &str) -> Result<(Option<Identity>, Telemetry), OtlpError> {
         traces_url(endpoint)?;
         Err(OtlpError::NotBuiltIn)
     }
@@ -194,6 +207,24 @@ pub fn off() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exporter_keeps_the_engine_at_info_unless_the_operator_names_it() {
+        use tracing_subscriber::EnvFilter;
+        assert_eq!(directives("warn", false), "warn");
+        let exporting = directives("warn", true);
+        assert_eq!(exporting, "seckill_engine=info,warn");
+        let hint = |spec: &str| EnvFilter::try_new(spec).unwrap().max_level_hint();
+        assert_eq!(
+            hint(&exporting),
+            Some(tracing::level_filters::LevelFilter::INFO)
+        );
+        assert_eq!(
+            hint(&directives("seckill_engine=debug,warn", true)),
+            Some(tracing::level_filters::LevelFilter::DEBUG),
+            "the operator's own engine directive comes later and wins"
+        );
+    }
 
     #[test]
     fn a_bare_collector_address_means_its_traces_path() {

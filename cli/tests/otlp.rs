@@ -7,7 +7,7 @@
 //! loopback that decodes what it is sent, as a collector would.
 #![cfg(feature = "otlp")]
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// What the collector was sent: every span's name and the trace ids of
 /// its links, and every resource's `service.name`.
@@ -27,6 +26,8 @@ struct Received {
     spans: Vec<(String, Vec<String>)>,
     services: BTreeSet<String>,
     posts: usize,
+    /// Bodies that were not an OTLP request, with why.
+    refused: Vec<String>,
 }
 
 impl Received {
@@ -57,10 +58,14 @@ async fn collector() -> anyhow::Result<(String, Arc<Mutex<Received>>)> {
         axum::routing::post(move |body: Bytes| {
             let sink = sink.clone();
             async move {
-                let Ok(req) = ExportTraceServiceRequest::decode(body) else {
-                    return axum::http::StatusCode::BAD_REQUEST;
-                };
                 let mut got = sink.lock().expect("collector lock");
+                let req = match ExportTraceServiceRequest::decode(body) {
+                    Ok(req) => req,
+                    Err(e) => {
+                        got.refused.push(e.to_string());
+                        return axum::http::StatusCode::BAD_REQUEST;
+                    }
+                };
                 got.posts += 1;
                 for rs in req.resource_spans {
                     for kv in rs.resource.iter().flat_map(|r| &r.attributes) {
@@ -83,24 +88,25 @@ async fn collector() -> anyhow::Result<(String, Arc<Mutex<Received>>)> {
     Ok((format!("http://{addr}"), got))
 }
 
-/// The daemon with its spans going to `endpoint`, logging JSON at `warn`
-/// (the spans do not depend on the log's level), and its address once it
-/// serves. Its stderr keeps being read, so it never blocks on the pipe.
+/// The daemon with its spans going to `endpoint`, logging JSON with the
+/// engine at DEBUG into a file (no pipe to keep drained), and its address
+/// once it serves.
 async fn spawn(
     env: &TestEnv,
     endpoint: &str,
+    log: &std::path::Path,
 ) -> anyhow::Result<(tokio::process::Child, String, std::path::PathBuf)> {
     let conf = std::env::temp_dir().join(format!("seckill-otlp-{}.toml", env.token));
     std::fs::write(
         &conf,
         format!("redis_prefix = \"{}\"\n", env.cfg.redis_prefix),
     )?;
-    let mut daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
+    let daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
         .arg("--config")
         .arg(&conf)
         .args([
             "--log",
-            "info",
+            "seckill_engine=debug,warn",
             "--log-format",
             "json",
             "engine",
@@ -116,24 +122,30 @@ async fn spawn(
         .env("SECKILL_NAMESRV_ADDR", &env.cfg.namesrv_addr)
         .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(log)?)
         .kill_on_drop(true)
         .spawn()?;
-    let mut lines = BufReader::new(daemon.stderr.take().context("stderr")?).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await? {
-            let event: serde_json::Value =
-                serde_json::from_str(&line).with_context(|| format!("not JSON: {line}"))?;
-            if event["message"] == "engine serving" {
-                return Ok(event["addr"].as_str().context("addr")?.to_owned());
-            }
-        }
-        bail!("the daemon's log ended before it served")
-    })
-    .await
-    .context("no `engine serving` within 60 s")??;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let addr = eventually(
+        Duration::from_secs(60),
+        "`engine serving` in the log",
+        || async {
+            Ok(logged(log)?
+                .into_iter()
+                .find(|e| e["message"] == "engine serving")
+                .and_then(|e| e["addr"].as_str().map(str::to_owned)))
+        },
+    )
+    .await?;
     Ok((daemon, addr, conf))
+}
+
+/// The log's lines so far, each a JSON object.
+fn logged(log: &std::path::Path) -> anyhow::Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(log)?;
+    text.lines()
+        .filter(|l| l.ends_with('}'))
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+        .collect()
 }
 
 #[test]
@@ -143,7 +155,8 @@ fn stage_spans_reach_the_collector_linked_to_each_reservations_trace() {
             .await?;
         let token = env.issue_token("edge", Role::Ingress).await?;
         let (endpoint, got) = collector().await?;
-        let (mut daemon, addr, conf) = spawn(&env, &endpoint).await?;
+        let log = std::env::temp_dir().join(format!("seckill-otlp-{}.log", env.token));
+        let (mut daemon, addr, conf) = spawn(&env, &endpoint, &log).await?;
 
         // Three reservations, each arriving with its own trace.
         let traces: Vec<String> = (1..=3u8)
@@ -196,14 +209,28 @@ fn stage_spans_reach_the_collector_linked_to_each_reservations_trace() {
         let received = {
             let got = got.lock().expect("collector lock");
             format!(
-                "{} posts; services {:?}; links by stage {:?}",
+                "{} posts, {} refused {:?}; services {:?}; links by stage {:?}",
                 got.posts,
+                got.refused.len(),
+                got.refused,
                 got.services,
                 got.linked()
             )
         };
         seen.with_context(|| format!("the collector got: {received}"))?;
         ensure!(status.success(), "the daemon exited {status}");
+        // The log, with its own filter, keeps what it is meant to beside
+        // the exporter: each reservation's DEBUG ingress line.
+        let ingress: BTreeSet<String> = logged(&log)?
+            .into_iter()
+            .filter(|e| e["stage"] == "ingress")
+            .filter_map(|e| e["trace_id"].as_str().map(str::to_owned))
+            .collect();
+        let _ = std::fs::remove_file(&log);
+        ensure!(
+            traces.iter().all(|t| ingress.contains(t)),
+            "the log's ingress lines, beside the exporter: {ingress:?}"
+        );
         let got = got.lock().expect("collector lock");
         ensure!(
             got.services.iter().any(|s| s.contains("seckill-engine")),
