@@ -7,7 +7,8 @@
 # Knobs (environment): DEMO_STOCK (10000), DEMO_USERS (20000), DEMO_RATE (20000),
 # DEMO_BATCH (the publisher and consumer batch size, 32; 1 = per message),
 # DEMO_PAY_SHARE (0.5 of the orders are paid), DEMO_PAY_WITHIN (20s: the
-# unpaid rest visibly cancel and give their stock back before reconcile).
+# unpaid rest visibly cancel and give their stock back before reconcile),
+# DEMO_PLOT (the sale's timeline as SVG, $STATE_DIR/demo-sale.svg).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$ROOT"
@@ -19,6 +20,7 @@ BATCH="${DEMO_BATCH:-32}"
 PORT="${DEMO_PORT:-8080}"
 PAY_SHARE="${DEMO_PAY_SHARE:-0.5}"
 PAY_WITHIN="${DEMO_PAY_WITHIN:-20s}"
+PLOT="${DEMO_PLOT:-$STATE_DIR/demo-sale.svg}"
 
 started=$SECONDS
 log "building seckillctl (release)"
@@ -44,7 +46,7 @@ start_engine "$ctl" "$conf" "$PORT" "$STATE_DIR/engine.log"
 log "flash sale: activity $activity, stock $STOCK, $USERS users, $RATE requests/s; pay $PAY_SHARE of the orders within $PAY_WITHIN"
 "$ctl" --config "$conf" bench flash-sale --activity "$activity" --sku 1 --stock "$STOCK" \
   --users "$USERS" --rate "$RATE" --engine "http://127.0.0.1:$PORT" \
-  --pay-share "$PAY_SHARE" --pay-within "$PAY_WITHIN"
+  --pay-share "$PAY_SHARE" --pay-within "$PAY_WITHIN" --plot "$PLOT"
 
 log "seckillctl reconcile --activity $activity"
 "$ctl" --config "$conf" reconcile --activity "$activity"

@@ -130,7 +130,7 @@ pub use observe::view::{self, BacklogRow, EngineRow, PendingRow, PgView, PoolRow
 pub use observe::{History, Observation, Observer, RATE_SPAN, Sample, Source, SourceError, Watch};
 pub use ops::activity::{self, ActivityError, ActivityView, NewActivity};
 pub use ops::engines::{self, EngineView, RoleView};
-pub use ops::facts::{self, PipelineFacts};
+pub use ops::facts::{self, PipelineFacts, SecondFacts};
 pub use ops::quarantine::{self, QuarantineError, Quarantined};
 pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVerdict};
 pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, RestoreRequest};

@@ -2,6 +2,8 @@
 //! flash-sale crowd, waits until the pipeline is quiet, and summarises what
 //! happened. A benchmark, not a test: it reports figures, it asserts nothing.
 
+mod plot;
+
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::{Context, Result, bail};
 use rand::seq::SliceRandom;
@@ -13,6 +15,7 @@ use seckill_engine::{
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -63,6 +66,11 @@ pub struct FlashSaleArgs {
     /// Give up waiting for the pipeline to go quiet after this long
     #[arg(long, value_parser = crate::parse::duration, default_value = "180s")]
     quiet_timeout: Duration,
+    /// Also draw the sale's timeline into this SVG: reservations/s and
+    /// orders/s, the backlog in messages and seconds, end-to-end p50, p99
+    /// and p99.9 (docs/architecture.md §11.7)
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
     #[arg(long, short, value_enum, default_value_t)]
     output: OutputFormat,
 }
@@ -303,6 +311,9 @@ async fn flash_sale(
 ) -> Result<()> {
     create_activity(&args, env).await?;
     let reqs = plan(&args);
+    // The plot's origin: the lag samples count from here, PostgreSQL's
+    // seconds too.
+    let began = chrono::Utc::now();
     let lag = LagSampler::start(cfg, rt).await?;
 
     let mut progress = Progress::new();
@@ -319,12 +330,17 @@ async fn flash_sale(
     )
     .await?;
     let pipeline = facts::collect(&env.pool, &env.store, args.activity).await?;
-    let peak_lag = lag.stop().await;
+    let (peak_lag, backlog) = lag.stop().await;
 
     let lifecycle = match args.pay_share {
         Some(share) => Some(pay_and_settle(&args, &env.pool, &env.pay_http, share).await?),
         None => None,
     };
+    if let Some(path) = &args.plot {
+        let seconds = facts::timeline(&env.pool, args.activity, began).await?;
+        plot::draw(&plot::Timeline { seconds, backlog }, path)?;
+        eprintln!("[bench] the sale's timeline: {}", path.display());
+    }
     let stats = engine_stats(&env.read_http, &args.engine).await?;
     let summary = summarise(
         &args,
@@ -341,6 +357,20 @@ async fn flash_sale(
 }
 
 fn check_args(args: &FlashSaleArgs) -> Result<()> {
+    // Refused before the sale, not after it: a run is minutes long.
+    if let Some(path) = &args.plot {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        if !dir.is_dir() {
+            bail!(
+                "--plot {}: the directory {} does not exist; create it or name another file",
+                path.display(),
+                dir.display()
+            );
+        }
+    }
     if args.rate == 0 || args.users == 0 || args.concurrency == 0 {
         bail!("--rate, --users and --concurrency must be positive");
     }
@@ -529,48 +559,54 @@ fn plan(args: &FlashSaleArgs) -> Vec<ReserveBody> {
 }
 
 /// Polls the order group's lag every 250 ms from setup until the pipeline
-/// is quiet, keeping the peak.
+/// is quiet, keeping every sample: the summary takes the peaks, the plot
+/// the whole line.
 struct LagSampler {
-    /// (messages, seconds), each its own maximum.
-    peak: Arc<Mutex<(i64, f64)>>,
+    /// (seconds since the start, messages, seconds).
+    samples: Arc<Mutex<Vec<(f64, i64, f64)>>>,
     running: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
 impl LagSampler {
     async fn start(cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Self> {
+        let began = Instant::now();
         let names = Names::new(cfg.topic_prefix.clone());
         let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
         let (topic, group) = (
             names.topic(TopicKind::OrderCreate),
             names.group(TopicKind::OrderCreate),
         );
-        let peak = Arc::new(Mutex::new((0i64, 0f64)));
+        let samples = Arc::new(Mutex::new(Vec::new()));
         let running = Arc::new(AtomicBool::new(true));
-        let (seen, run) = (peak.clone(), running.clone());
+        let (seen, run) = (samples.clone(), running.clone());
         let task = tokio::spawn(async move {
             while run.load(Ordering::Relaxed) {
                 if let Ok(l) = admin.lag(&topic, &group).await {
-                    let mut p = lock(&seen);
-                    p.0 = p.0.max(l.messages);
-                    p.1 = p.1.max(l.seconds);
+                    let at = began.elapsed().as_secs_f64();
+                    lock(&seen).push((at, l.messages, l.seconds));
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             admin.shutdown().await;
         });
         Ok(Self {
-            peak,
+            samples,
             running,
             task,
         })
     }
 
-    /// Stops polling (and the admin client) and gives the peak lag.
-    async fn stop(self) -> (i64, f64) {
+    /// Stops polling (and the admin client); gives the peak lag, in
+    /// messages and in seconds (each its own maximum), and every sample.
+    async fn stop(self) -> ((i64, f64), Vec<(f64, i64, f64)>) {
         self.running.store(false, Ordering::Relaxed);
         let _ = self.task.await;
-        *lock(&self.peak)
+        let samples = std::mem::take(&mut *lock(&self.samples));
+        let peak = samples
+            .iter()
+            .fold((0, 0.0), |(m, s), &(_, lm, ls)| (lm.max(m), ls.max(s)));
+        (peak, samples)
     }
 }
 

@@ -104,6 +104,71 @@ pub async fn collect(
     })
 }
 
+/// One second of a sale, counted from a start the caller names: what was
+/// reserved in it (by the reservation's time in Redis) and what was decided
+/// in it, with the decisions' end-to-end latency (reservation to order
+/// committed). The bench's plot draws these.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SecondFacts {
+    /// Whole seconds since the start.
+    pub second: i64,
+    pub reserved: i64,
+    pub orders_created: i64,
+    /// Of the orders created in this second; `None` when there were none.
+    pub end_to_end_ms: Option<[f64; 3]>,
+}
+
+/// The activity's reservations and orders second by second since `since`,
+/// in order, from PostgreSQL alone: one pass over the activity's
+/// reservation rows, after the sale (it would compete with the consumer
+/// it measures).
+pub async fn timeline(
+    pool: &PgPool,
+    activity: ActivityId,
+    since: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<SecondFacts>, sqlx::Error> {
+    type Row = (i64, i64, i64, Option<f64>, Option<f64>, Option<f64>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "WITH r AS (
+            SELECT floor(extract(epoch FROM reserved_at - $2))::bigint AS reserved_s,
+                   floor(extract(epoch FROM decided_at - $2))::bigint AS decided_s,
+                   outcome,
+                   extract(epoch FROM decided_at - reserved_at)::float8 * 1000 AS e2e_ms
+            FROM reservations WHERE activity_id = $1
+         ), reserved AS (
+            SELECT reserved_s AS s, count(*) AS n FROM r GROUP BY 1
+         ), decided AS (
+            SELECT decided_s AS s, count(*) AS n,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY e2e_ms) AS p50,
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY e2e_ms) AS p99,
+                   percentile_cont(0.999) WITHIN GROUP (ORDER BY e2e_ms) AS p999
+            FROM r WHERE outcome = 'ORDER_CREATED' GROUP BY 1
+         )
+         SELECT coalesce(reserved.s, decided.s), coalesce(reserved.n, 0), coalesce(decided.n, 0),
+                decided.p50, decided.p99, decided.p999
+         FROM reserved FULL JOIN decided ON reserved.s = decided.s
+         ORDER BY 1",
+    )
+    .bind(activity)
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(second, reserved, orders_created, p50, p99, p999)| SecondFacts {
+                second,
+                reserved,
+                orders_created,
+                end_to_end_ms: match (p50, p99, p999) {
+                    (Some(a), Some(b), Some(c)) => Some([a, b, c]),
+                    _ => None,
+                },
+            },
+        )
+        .collect())
+}
+
 /// Where an activity's orders stand after creation (docs/architecture.md §8).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct LifecycleFacts {
