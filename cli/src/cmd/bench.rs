@@ -97,6 +97,10 @@ struct Summary {
     send_latency_p50_ms: f64,
     send_latency_p99_ms: f64,
     publish_batches: u64,
+    /// Order-create messages sent, by outcome, first sends and the
+    /// scanner's re-sends alike: the engine's counters since it started,
+    /// across every activity it serves (a fresh engine counts one run).
+    sends: Sends,
     scanner_resent: u64,
     /// Queued in the publisher past their first retry time, so sent by the
     /// scanner only (not twice).
@@ -107,6 +111,15 @@ struct Summary {
     quiet_after_seconds: f64,
     /// Present when `--pay-share` was given.
     lifecycle: Option<LifecycleSummary>,
+}
+
+/// Sends by outcome (docs/architecture.md §6): an UNKNOWN send is re-sent
+/// by the scanner with the same message_id.
+#[derive(Debug, Default, Serialize)]
+struct Sends {
+    confirmed: u64,
+    unknown: u64,
+    failed: u64,
 }
 
 /// Payment and cancellation after the orders (docs/architecture.md §8).
@@ -218,6 +231,13 @@ impl Summary {
                 format!(
                     "{} messages, {:.1} s",
                     self.peak_lag_messages, self.peak_lag_seconds
+                ),
+            ),
+            row(
+                "sends (engine)",
+                format!(
+                    "{} confirmed, {} unknown, {} failed",
+                    self.sends.confirmed, self.sends.unknown, self.sends.failed
                 ),
             ),
             row(
@@ -928,6 +948,11 @@ fn summarise(
         send_latency_p50_ms: stats.send_latency.p50_ms,
         send_latency_p99_ms: stats.send_latency.p99_ms,
         publish_batches: stats.publish_batches,
+        sends: Sends {
+            confirmed: stats.publish_confirmed,
+            unknown: stats.publish_unknown,
+            failed: stats.publish_definite_failure,
+        },
         scanner_resent: stats.scanner_resent,
         handed_to_scanner: stats.publish_handed_to_scanner,
         peak_lag_messages,
@@ -987,6 +1012,11 @@ mod tests {
             send_latency_p50_ms: 1.25,
             send_latency_p99_ms: 9.75,
             publish_batches: 12,
+            sends: Sends {
+                confirmed: 98,
+                unknown: 2,
+                failed: 0,
+            },
             scanner_resent: 3,
             handed_to_scanner: 1,
             peak_lag_messages: 64,
@@ -1032,6 +1062,7 @@ mod tests {
 │ order-consume rate                                 ┆ 322 orders/s                              │
 │ end to end p50 / p99 / p99.9                       ┆ 12 / 89 / 90 ms (n=98)                    │
 │ peak lag                                           ┆ 64 messages, 0.3 s                        │
+│ sends (engine)                                     ┆ 98 confirmed, 2 unknown, 0 failed         │
 │ scanner re-sends                                   ┆ 3 (1 handed over unsent by the publisher) │
 │ quarantined (all activities)                       ┆ 0                                         │
 │ pay attempts                                       ┆ 50 (CANCELED 2, PAID 48)                  │
@@ -1059,6 +1090,7 @@ mod tests {
 │ order-consume rate                           ┆ 322 orders/s                              │
 │ end to end p50 / p99 / p99.9                 ┆ 12 / 89 / 90 ms (n=98)                    │
 │ peak lag                                     ┆ 64 messages, 0.3 s                        │
+│ sends (engine)                               ┆ 98 confirmed, 2 unknown, 0 failed         │
 │ scanner re-sends                             ┆ 3 (1 handed over unsent by the publisher) │
 │ quarantined (all activities)                 ┆ 0                                         │
 │ quiet                                        ┆ true after 1.5 s (pending 0, live 97)     │
