@@ -4,21 +4,9 @@
 
 use anyhow::{Context, ensure};
 use seckill_engine::{ActivityId, facts};
-use seckill_tests::{Setup, TestEnv, eventually, run};
-use secrecy::ExposeSecret;
+use seckill_tests::{Setup, eventually, run};
 use std::process::Stdio;
 use std::time::Duration;
-
-fn with_env(cmd: &mut tokio::process::Command, env: &TestEnv, conf: &std::path::Path) {
-    cmd.arg("--config")
-        .arg(conf)
-        .env_remove("SECKILL_CONFIG")
-        .env_remove("SECKILL_OTLP_ENDPOINT")
-        .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
-        .env("SECKILL_REDIS_URL", env.cfg.redis_url.expose_secret())
-        .env("SECKILL_NAMESRV_ADDR", &env.cfg.namesrv_addr)
-        .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix);
-}
 
 #[test]
 fn a_bench_draws_its_sale_and_the_plot_counts_what_postgresql_holds() {
@@ -30,13 +18,8 @@ fn a_bench_draws_its_sale_and_the_plot_counts_what_postgresql_holds() {
             dir.join("engine.log"),
             dir.join("sale.svg"),
         );
-        std::fs::write(
-            &conf,
-            format!("redis_prefix = \"{}\"\n", env.cfg.redis_prefix),
-        )?;
-        let mut daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"));
-        with_env(&mut daemon, &env, &conf);
-        let mut daemon = daemon
+        let mut daemon = env
+            .seckillctl(env!("CARGO_BIN_EXE_seckillctl"), &conf)?
             .args([
                 "--log",
                 "info",
@@ -65,9 +48,8 @@ fn a_bench_draws_its_sale_and_the_plot_counts_what_postgresql_holds() {
             Ok(r.status().is_success().then_some(()))
         })
         .await?;
-        let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"));
-        with_env(&mut bench, &env, &conf);
-        let out = bench
+        let out = env
+            .seckillctl(env!("CARGO_BIN_EXE_seckillctl"), &conf)?
             .args([
                 "bench",
                 "flash-sale",

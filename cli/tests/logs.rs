@@ -6,7 +6,6 @@
 use anyhow::{Context, bail, ensure};
 use seckill_engine::{ActivityId, Role, SkuId};
 use seckill_tests::{Setup, TestEnv, run};
-use secrecy::ExposeSecret;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -51,20 +50,9 @@ fn the_daemon_logs_json_lines_when_its_stdout_is_not_a_terminal() {
 /// is a pipe), and its config file.
 fn spawn(env: &TestEnv, log: &str) -> anyhow::Result<(tokio::process::Child, std::path::PathBuf)> {
     let conf = std::env::temp_dir().join(format!("seckill-logs-{}-{}.toml", env.token, log.len()));
-    std::fs::write(
-        &conf,
-        format!("redis_prefix = \"{}\"\n", env.cfg.redis_prefix),
-    )?;
-    let daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
-        .arg("--config")
-        .arg(&conf)
+    let daemon = env
+        .seckillctl(env!("CARGO_BIN_EXE_seckillctl"), &conf)?
         .args(["--log", log, "engine", "run", "--listen", "127.0.0.1:0"])
-        .env_remove("SECKILL_LOG_FORMAT")
-        .env_remove("SECKILL_CONFIG")
-        .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
-        .env("SECKILL_REDIS_URL", env.cfg.redis_url.expose_secret())
-        .env("SECKILL_NAMESRV_ADDR", &env.cfg.namesrv_addr)
-        .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

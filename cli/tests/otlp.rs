@@ -13,7 +13,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use seckill_engine::{ActivityId, Role, SkuId};
 use seckill_tests::{Setup, TestEnv, eventually, run};
-use secrecy::ExposeSecret;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -97,13 +96,8 @@ async fn spawn(
     log: &std::path::Path,
 ) -> anyhow::Result<(tokio::process::Child, String, std::path::PathBuf)> {
     let conf = std::env::temp_dir().join(format!("seckill-otlp-{}.toml", env.token));
-    std::fs::write(
-        &conf,
-        format!("redis_prefix = \"{}\"\n", env.cfg.redis_prefix),
-    )?;
-    let daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
-        .arg("--config")
-        .arg(&conf)
+    let daemon = env
+        .seckillctl(env!("CARGO_BIN_EXE_seckillctl"), &conf)?
         .args([
             "--log",
             "seckill_engine=debug,warn",
@@ -114,13 +108,7 @@ async fn spawn(
             "--listen",
             "127.0.0.1:0",
         ])
-        .env_remove("SECKILL_CONFIG")
-        .env_remove("RUST_LOG")
         .env("SECKILL_OTLP_ENDPOINT", endpoint)
-        .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
-        .env("SECKILL_REDIS_URL", env.cfg.redis_url.expose_secret())
-        .env("SECKILL_NAMESRV_ADDR", &env.cfg.namesrv_addr)
-        .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log)?)
         .kill_on_drop(true)

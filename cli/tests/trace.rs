@@ -9,7 +9,6 @@ use seckill_engine::{
     publish::order_message, publish::to_outgoing,
 };
 use seckill_tests::{Engine, Setup, TestEnv, eventually, reserve_request, run, test_actor};
-use secrecy::ExposeSecret;
 use std::time::Duration;
 
 const ACTIVITY: ActivityId = ActivityId(77);
@@ -19,19 +18,9 @@ const SKU: SkuId = SkuId(3);
 /// the story (`Null` when stdout is not JSON).
 async fn trace(env: &TestEnv, id: &str) -> Result<(i32, serde_json::Value)> {
     let conf = std::env::temp_dir().join(format!("seckill-trace-{}.toml", env.token));
-    std::fs::write(
-        &conf,
-        format!("redis_prefix = \"{}\"\n", env.cfg.redis_prefix),
-    )?;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_seckillctl"))
-        .arg("--config")
-        .arg(&conf)
+    let out = env
+        .seckillctl(env!("CARGO_BIN_EXE_seckillctl"), &conf)?
         .args(["trace", id, "-o", "json"])
-        .env_remove("SECKILL_CONFIG")
-        .env("SECKILL_DATABASE_URL", env.cfg.database_url.expose_secret())
-        .env("SECKILL_REDIS_URL", env.cfg.redis_url.expose_secret())
-        .env("SECKILL_TOPIC_PREFIX", &env.cfg.topic_prefix)
-        .env("SECKILL_NAMESRV_ADDR", &env.cfg.namesrv_addr)
         .output()
         .await?;
     let json = serde_json::from_slice(&out.stdout).unwrap_or_default();

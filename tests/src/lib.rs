@@ -157,6 +157,35 @@ impl TestEnv {
         Ok(m.message_id)
     }
 
+    /// `bin` (the caller's `env!("CARGO_BIN_EXE_seckillctl")`) pointed at
+    /// this test's stores: `conf`, written here, holds its Redis prefix,
+    /// and the environment names its database, Redis, NameServer and topic
+    /// prefix; what the shell may have set (`SECKILL_CONFIG`, the log's
+    /// format and level, an OTLP endpoint) is removed. Each caller names
+    /// its own `conf`: tests run in parallel, and one rewriting a shared
+    /// file under another's daemon would point it elsewhere.
+    pub fn seckillctl(&self, bin: &str, conf: &std::path::Path) -> Result<tokio::process::Command> {
+        std::fs::write(
+            conf,
+            format!("redis_prefix = \"{}\"\n", self.cfg.redis_prefix),
+        )?;
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.arg("--config")
+            .arg(conf)
+            .env_remove("SECKILL_CONFIG")
+            .env_remove("SECKILL_LOG_FORMAT")
+            .env_remove("SECKILL_OTLP_ENDPOINT")
+            .env_remove("RUST_LOG")
+            .env(
+                "SECKILL_DATABASE_URL",
+                self.cfg.database_url.expose_secret(),
+            )
+            .env("SECKILL_REDIS_URL", self.cfg.redis_url.expose_secret())
+            .env("SECKILL_NAMESRV_ADDR", &self.cfg.namesrv_addr)
+            .env("SECKILL_TOPIC_PREFIX", &self.cfg.topic_prefix);
+        Ok(cmd)
+    }
+
     /// This test's reservation store (its own key prefix).
     pub fn store(&self) -> seckill_engine::ReservationStore {
         seckill_engine::ReservationStore::new(self.redis.clone(), self.cfg.redis_prefix.clone())
