@@ -334,7 +334,7 @@ async fn flash_sale(
     // The plot's origin: the lag samples count from here, PostgreSQL's
     // seconds too.
     let began = chrono::Utc::now();
-    let lag = LagSampler::start(cfg, rt).await?;
+    let lag = LagSampler::start(cfg, rt, (env.read_http.clone(), args.engine.clone())).await?;
 
     let mut progress = Progress::new();
     let burst = burst(&args, &env.http, reqs, &mut progress).await?;
@@ -580,7 +580,10 @@ fn plan(args: &FlashSaleArgs) -> Vec<ReserveBody> {
 
 /// Polls the order group's lag every 250 ms from setup until the pipeline
 /// is quiet, keeping every sample: the summary takes the peaks, the plot
-/// the whole line.
+/// the whole line. Each queue counts from the further of the broker's
+/// committed offset and the engine's own consumer position, as `health`
+/// does (docs/architecture.md §10.4): the broker's offsets trail the
+/// consumer by up to a second, which read as a backlog that was gone.
 struct LagSampler {
     /// (seconds since the start, messages, seconds).
     samples: Arc<Mutex<Vec<(f64, i64, f64)>>>,
@@ -589,7 +592,11 @@ struct LagSampler {
 }
 
 impl LagSampler {
-    async fn start(cfg: &Config, rt: Arc<ClientRuntime>) -> Result<Self> {
+    async fn start(
+        cfg: &Config,
+        rt: Arc<ClientRuntime>,
+        engine: (reqwest::Client, String),
+    ) -> Result<Self> {
         let began = Instant::now();
         let names = Names::new(cfg.topic_prefix.clone());
         let admin = RocketAdmin::start(rt, &cfg.namesrv_addr, cfg.admin_timeout()).await?;
@@ -601,13 +608,29 @@ impl LagSampler {
         let running = Arc::new(AtomicBool::new(true));
         let (seen, run) = (samples.clone(), running.clone());
         let task = tokio::spawn(async move {
-            while run.load(Ordering::Relaxed) {
-                if let Ok(l) = admin.lag(&topic, &group).await {
+            let (http, url) = engine;
+            let sample = || async {
+                // The engine first: a position read before the broker can
+                // only be behind what the broker then says.
+                let positions = engine_stats(&http, &url)
+                    .await
+                    .map(|s| s.positions_of(&group, &topic))
+                    .unwrap_or_default();
+                if let Ok(l) = admin
+                    .lag_detail_with(&topic, &group, 1, usize::MAX, &positions)
+                    .await
+                {
                     let at = began.elapsed().as_secs_f64();
                     lock(&seen).push((at, l.messages, l.seconds));
                 }
+            };
+            while run.load(Ordering::Relaxed) {
+                sample().await;
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
+            // One more once the pipeline is quiet, so the line ends where
+            // the sale did.
+            sample().await;
             admin.shutdown().await;
         });
         Ok(Self {

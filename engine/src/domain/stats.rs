@@ -3,7 +3,7 @@
 //! recorder keeps at most a fixed number of recent samples.
 
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -541,6 +541,18 @@ impl CircuitView {
 }
 
 impl StatsView {
+    /// Where the daemon's consumers of `group` stand on `topic`, by
+    /// (broker, queue): what `RocketAdmin::lag_detail_with` counts a
+    /// queue's lag from when the broker's committed offset is behind
+    /// (docs/architecture.md §10.4).
+    pub fn positions_of(&self, group: &str, topic: &str) -> BTreeMap<(String, i32), i64> {
+        self.positions
+            .iter()
+            .filter(|q| q.group == group && q.topic == topic)
+            .map(|q| ((q.broker.clone(), q.queue_id), q.offset))
+            .collect()
+    }
+
     /// Every daemon's figures as one: counters, gauges and pools add up,
     /// latency percentiles are the worst daemon's, the send circuit is the
     /// most open one's, and admission is open only while every daemon

@@ -42,6 +42,8 @@ pub struct Line {
 pub struct Panel {
     pub title: &'static str,
     pub y: &'static str,
+    /// Decimals on the y-axis labels.
+    pub decimals: usize,
     pub lines: Vec<Line>,
 }
 
@@ -62,6 +64,7 @@ pub fn series(t: &Timeline) -> Vec<Panel> {
     vec![
         Panel {
             title: "Throughput",
+            decimals: 0,
             y: "per second",
             lines: vec![
                 Line {
@@ -76,6 +79,7 @@ pub fn series(t: &Timeline) -> Vec<Panel> {
         },
         Panel {
             title: "Backlog (order group)",
+            decimals: 0,
             y: "messages",
             lines: vec![Line {
                 label: "backlog messages",
@@ -84,6 +88,7 @@ pub fn series(t: &Timeline) -> Vec<Panel> {
         },
         Panel {
             title: "Backlog age (order group)",
+            decimals: 1,
             y: "seconds",
             lines: vec![Line {
                 label: "backlog seconds",
@@ -92,6 +97,7 @@ pub fn series(t: &Timeline) -> Vec<Panel> {
         },
         Panel {
             title: "End to end: reservation to order committed",
+            decimals: 0,
             y: "ms",
             lines: vec![
                 Line {
@@ -151,6 +157,8 @@ pub fn draw(t: &Timeline, path: &Path) -> Result<(), PlotError> {
             .configure_mesh()
             .x_desc("seconds since the sale began")
             .y_desc(panel.y)
+            .x_label_formatter(&|x| format!("{x:.1}"))
+            .y_label_formatter(&|y| format!("{y:.*}", panel.decimals))
             .draw()
             .map_err(|e| failed(&e))?;
         for (line, colour) in panel.lines.iter().zip(COLOURS.iter().cycle()) {
