@@ -460,8 +460,12 @@ impl Default for PgConfig {
 impl Default for MqConfig {
     fn default() -> Self {
         Self {
-            // Looser than the 30 ms production figure: a 2-core dev box stalls.
-            send_timeout_ms: 3_000,
+            // The smallest that kept UNKNOWN sends under 0.1 % in every
+            // demo burst on the 2-core reference box, the first burst of a
+            // fresh engine included (tests/bench/send_timeout.sh,
+            // docs/architecture.md §6.1). Production hardware sets it from
+            // its own p99, in the design's 20-40 ms.
+            send_timeout_ms: 300,
             send_retries: 2,
             max_reconsume_times: 3,
             admin_timeout_ms: 3_000,

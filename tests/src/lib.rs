@@ -16,8 +16,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The stack's coordinates; the same environment variables as the CLI.
+/// The tests' send timeout: a debug build on a loaded 2-core box takes
+/// longer for a healthy send than the default (300 ms, set for release
+/// builds, docs/architecture.md §6.1), and the tests check what the
+/// pipeline does with an outcome, not the timeout; those that want an
+/// UNKNOWN inject one.
+pub const TEST_SEND_TIMEOUT_MS: u64 = 3_000;
+
 fn base_config() -> Config {
     let mut cfg = Config::default();
+    cfg.mq.send_timeout_ms = TEST_SEND_TIMEOUT_MS;
     if let Ok(v) = std::env::var("SECKILL_DATABASE_URL") {
         cfg.database_url = SecretString::from(v);
     }
@@ -167,7 +175,10 @@ impl TestEnv {
     pub fn seckillctl(&self, bin: &str, conf: &std::path::Path) -> Result<tokio::process::Command> {
         std::fs::write(
             conf,
-            format!("redis_prefix = \"{}\"\n", self.cfg.redis_prefix),
+            format!(
+                "redis_prefix = \"{}\"\n[mq]\nsend_timeout_ms = {TEST_SEND_TIMEOUT_MS}\n",
+                self.cfg.redis_prefix
+            ),
         )?;
         let mut cmd = tokio::process::Command::new(bin);
         cmd.arg("--config")

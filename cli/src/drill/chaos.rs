@@ -115,14 +115,17 @@ async fn one(
         rate: 600,
         ..SalePlan::default()
     };
-    let toml = "[consumer]\nbatch_max = 16\nthreads = 4\n[publisher]\nbatch_max = 16\n[mq]\nmax_reconsume_times = 2\n";
+    let toml = format!(
+        "[consumer]\nbatch_max = 16\nthreads = 4\n[publisher]\nbatch_max = 16\n[mq]\nmax_reconsume_times = 2\n{}",
+        super::run::DRILL_SEND_TIMEOUT
+    );
     let mut stage = Stage::prepare(
         &format!("chaos-{run}"),
         base,
         world,
         rt,
         plan,
-        toml,
+        &toml,
         port_base,
     )
     .await?;

@@ -81,6 +81,13 @@ const POISON_USER: i64 = 70_000_007;
 /// than one mirror pass, and each early enough to win stock.
 const TAKEOVER_POISON: [i64; 3] = [70_000_007, 70_000_507, 70_000_907];
 
+/// A drill judges how a fault's sends are handled (sends per affected
+/// reservation, §13.5), so the engines' send timeout is set above what a
+/// debug build on a loaded box takes for a healthy send: at the default
+/// (300 ms, for release builds) slow healthy sends would read as UNKNOWN and
+/// count against the fault.
+pub(crate) const DRILL_SEND_TIMEOUT: &str = "send_timeout_ms = 3000\n";
+
 /// The drill's engine settings, in `seckill.toml` form: the defaults,
 /// with few retries so a dead message reaches the DLQ within the drill.
 fn engine_toml(name: DrillName) -> String {
@@ -98,7 +105,7 @@ fn engine_toml(name: DrillName) -> String {
         _ => "[consumer]\nbatch_max = 16\nthreads = 4\n",
     };
     format!(
-        "{consumer}[publisher]\nbatch_max = 16\n[mq]\nmax_reconsume_times = 2\n[dlq]\nmirror_interval_ms = 1000\n"
+        "{consumer}[publisher]\nbatch_max = 16\n[mq]\nmax_reconsume_times = 2\n{DRILL_SEND_TIMEOUT}[dlq]\nmirror_interval_ms = 1000\n"
     )
 }
 
