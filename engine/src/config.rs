@@ -460,12 +460,11 @@ impl Default for PgConfig {
 impl Default for MqConfig {
     fn default() -> Self {
         Self {
-            // The smallest that kept UNKNOWN sends under 0.1 % in every
-            // demo burst on the 2-core reference box, the first burst of a
-            // fresh engine included (tests/bench/send_timeout.sh,
-            // docs/architecture.md §6.1). Production hardware sets it from
-            // its own p99, in the design's 20-40 ms.
-            send_timeout_ms: 300,
+            // Looser than the design's 20-40 ms, which the 2-core reference
+            // box cannot hold (docs/architecture.md §6.1 has the sweep,
+            // tests/bench/send_timeout.sh); 300 ms held in the bursts
+            // measured, but is not yet checked through the demo's lifecycle.
+            send_timeout_ms: 3_000,
             send_retries: 2,
             max_reconsume_times: 3,
             admin_timeout_ms: 3_000,

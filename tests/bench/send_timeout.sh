@@ -8,7 +8,11 @@
 # outcome was UNKNOWN (each is re-sent by the scanner with the same
 # message_id), the sends per accepted reservation (1.0 = every reservation
 # sent once), the send latency p99 and the end-to-end p99. A fresh engine
-# per timeout keeps its send counters to that timeout's runs.
+# per timeout keeps its send counters to that timeout's runs. Each run's
+# orders go unpaid for 10 s and the bench waits until every one is
+# canceled and its stock released: a run leaves no delayed cancel or
+# compensation behind to load the next (with the 15-minute default, a
+# sweep left 100,000 compensation messages that stalled the demo after it).
 #
 # Knobs: TIMEOUTS ("20 40 60 100 150 200 3000" ms), RUNS (2), STOCK
 # (10000), USERS (20000), RATE (20000), BATCH (32), PORT (8091). Needs the
@@ -42,7 +46,7 @@ for timeout in $TIMEOUTS; do
     activity=$(( $(date +%s%N) / 1000000 ))
     "$ctl" --config "$conf" bench flash-sale --activity "$activity" --sku 1 --stock "$STOCK" \
       --users "$USERS" --rate "$RATE" --engine "http://127.0.0.1:$PORT" --output json \
-      >"$out" 2>/dev/null
+      --pay-share 0 --pay-within 10s >"$out" 2>/dev/null
     # The engine's counters run on across this timeout's runs: take the
     # difference.
     sent=$(jq '.sends.confirmed + .sends.unknown + .sends.failed' "$out")

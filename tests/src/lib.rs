@@ -16,11 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The stack's coordinates; the same environment variables as the CLI.
-/// The tests' send timeout: a debug build on a loaded 2-core box takes
-/// longer for a healthy send than the default (300 ms, set for release
-/// builds, docs/architecture.md §6.1), and the tests check what the
-/// pipeline does with an outcome, not the timeout; those that want an
-/// UNKNOWN inject one.
+/// The tests' send timeout, pinned whatever the default: a debug build on
+/// a loaded 2-core box is slow to send (docs/architecture.md §6.1), and the
+/// tests check what the pipeline does with an outcome, not the timeout;
+/// those that want an UNKNOWN inject one.
 pub const TEST_SEND_TIMEOUT_MS: u64 = 3_000;
 
 fn base_config() -> Config {

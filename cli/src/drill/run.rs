@@ -82,10 +82,10 @@ const POISON_USER: i64 = 70_000_007;
 const TAKEOVER_POISON: [i64; 3] = [70_000_007, 70_000_507, 70_000_907];
 
 /// A drill judges how a fault's sends are handled (sends per affected
-/// reservation, §13.5), so the engines' send timeout is set above what a
-/// debug build on a loaded box takes for a healthy send: at the default
-/// (300 ms, for release builds) slow healthy sends would read as UNKNOWN and
-/// count against the fault.
+/// reservation, §13.5), so the engines' send timeout is pinned well above
+/// what a debug build on a loaded box takes for a healthy send, whatever
+/// the default: slow healthy sends would read as UNKNOWN and count against
+/// the fault.
 pub(crate) const DRILL_SEND_TIMEOUT: &str = "send_timeout_ms = 3000\n";
 
 /// The drill's engine settings, in `seckill.toml` form: the defaults,
