@@ -184,6 +184,19 @@ fn validate(cfg: &Config) -> Result<()> {
             r.heartbeat_ms
         );
     }
+    // A send that outlives its claim's lease lets another engine send the
+    // same row at once (harmless, the inbox dedupes, but wasteful).
+    let o = &cfg.outbox;
+    if o.send_timeout_ms >= o.lease_ms {
+        bail!(
+            "[outbox] send_timeout_ms = {} must be shorter than lease_ms = {} (a send must end within its claim)",
+            o.send_timeout_ms,
+            o.lease_ms
+        );
+    }
+    if cfg.mq.send_timeout_ms == 0 || o.send_timeout_ms == 0 {
+        bail!("[mq] send_timeout_ms and [outbox] send_timeout_ms must be above 0");
+    }
     if cfg.namesrv_addr.rsplit_once(':').is_none() {
         bail!(
             "namesrv address {:?} must be host:port, e.g. 127.0.0.1:9876",
@@ -213,6 +226,25 @@ mod tests {
         assert_eq!(cfg.namesrv_addr, "127.0.0.1:9876");
         assert!(cfg.database_url.expose_secret().contains("127.0.0.1"));
         assert_eq!(cfg.topic_prefix, "");
+    }
+
+    #[test]
+    fn an_outbox_send_longer_than_its_lease_is_refused() {
+        let dir = std::env::temp_dir().join(format!("seckill-cfg-ob-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("seckill.toml"),
+            "[outbox]\nsend_timeout_ms = 20000\nlease_ms = 15000\n",
+        )
+        .unwrap();
+        let err = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("[outbox] send_timeout_ms"),
+            "{err:#}"
+        );
+        std::fs::write(dir.join("seckill.toml"), "[mq]\nsend_timeout_ms = 0\n").unwrap();
+        let err = layer(&ConfigFlags::default(), &env(&[]), &dir).unwrap_err();
+        assert!(format!("{err:#}").contains("above 0"), "{err:#}");
     }
 
     #[test]

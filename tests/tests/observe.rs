@@ -47,28 +47,31 @@ async fn orders(env: &TestEnv) -> Result<i64> {
         .await?)
 }
 
-/// Checks the Prometheus text exposition format (0.0.4) line by line:
-/// every sample belongs to a family declared by `# TYPE`, every value is a
-/// float, every label is `name="value"`. Returns the families with samples.
-fn parse_prometheus(text: &str) -> Result<HashSet<String>> {
+/// Checks the OpenMetrics text `/metrics` serves, line by line: every
+/// sample belongs to a family declared by `# TYPE` (a counter's samples end
+/// in `_total`, a histogram's in `_bucket`, `_sum` and `_count`), every
+/// value is a number, every label is `name="value"`, and the text ends with
+/// `# EOF`. Returns the names of the samples and of their families.
+fn parse_openmetrics(text: &str) -> Result<HashSet<String>> {
     let valid_name = |n: &str| {
         !n.is_empty()
             && n.chars().enumerate().all(|(i, c)| {
                 c == '_' || c == ':' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit())
             })
     };
+    ensure!(text.ends_with("# EOF\n"), "no # EOF at the end");
     let mut typed: HashSet<String> = HashSet::new();
     let mut sampled = HashSet::new();
     for (no, line) in text.lines().enumerate() {
         let at = || format!("line {}: {line:?}", no + 1);
-        if line.is_empty() {
+        if line == "# EOF" {
             continue;
         }
         if let Some(rest) = line.strip_prefix("# ") {
             let mut parts = rest.splitn(3, ' ');
             let (kw, name) = (parts.next(), parts.next());
             ensure!(
-                matches!(kw, Some("HELP" | "TYPE")),
+                matches!(kw, Some("HELP" | "TYPE" | "UNIT")),
                 "unknown comment {}",
                 at()
             );
@@ -77,7 +80,7 @@ fn parse_prometheus(text: &str) -> Result<HashSet<String>> {
             if kw == Some("TYPE") {
                 let kind = parts.next().unwrap_or_default();
                 ensure!(
-                    ["counter", "gauge", "summary", "histogram", "untyped"].contains(&kind),
+                    ["counter", "gauge", "histogram", "unknown"].contains(&kind),
                     "bad type {}",
                     at()
                 );
@@ -112,66 +115,246 @@ fn parse_prometheus(text: &str) -> Result<HashSet<String>> {
                 ensure!(valid_name(k) && v.starts_with('"'), "bad label {}", at());
             }
         }
-        let family = [name.strip_suffix("_sum"), name.strip_suffix("_count")]
-            .into_iter()
-            .flatten()
+        let family = ["_total", "_bucket", "_sum", "_count", "_created"]
+            .iter()
+            .filter_map(|suffix| name.strip_suffix(suffix))
             .find(|f| typed.contains(*f))
             .unwrap_or(name);
         ensure!(typed.contains(family), "sample before its # TYPE {}", at());
         sampled.insert(family.to_owned());
+        sampled.insert(name.to_owned());
     }
     Ok(sampled)
 }
 
-#[test]
-fn metrics_are_prometheus_text_with_every_seed_name() {
-    run(Setup::Full, |env| async move {
-        seed(&env, 10, 300_000).await?;
-        let engine = Engine::start(&env, engine_cfg(&env)).await?;
-        let (code, body) = post(&engine, 1).await?;
-        ensure!(code == 202, "{code} {body}");
-        eventually(Duration::from_secs(60), "the order", || async {
-            Ok((orders(&env).await? == 1).then_some(()))
+/// The value of every sample of `name` whose labels include `with`, summed
+/// (labels are matched as `key="value"` pairs, in any order).
+fn sum_of(text: &str, name: &str, with: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, labels) = series.split_once('{').unwrap_or((series, "}"));
+            (n == name
+                && with
+                    .iter()
+                    .all(|(k, v)| labels.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
         })
+        .sum()
+}
+
+async fn count(env: &TestEnv, sql: &str, arg: &str) -> Result<f64> {
+    let n: i64 = sqlx::query_scalar(sql)
+        .bind(arg)
+        .fetch_one(&env.pool)
         .await?;
-        // Gauges appear with the governor's first tick after the order.
-        let text = eventually(
-            Duration::from_secs(30),
-            "a tick with lag gauges",
-            || async {
-                let t = get_text(&engine, "/metrics").await?;
-                Ok(t.contains("\nmq_consumer_lag_seconds{").then_some(t))
+    Ok(n as f64)
+}
+
+async fn count_all(env: &TestEnv, sql: &str) -> Result<f64> {
+    let n: i64 = sqlx::query_scalar(sql).fetch_one(&env.pool).await?;
+    Ok(n as f64)
+}
+
+/// docs/architecture.md §11.1: after a small sale whose every order is
+/// canceled unpaid (cancel, compensation and projection traffic on every
+/// topic), each family of `/metrics` equals what PostgreSQL holds: sends
+/// per topic are the outbox's SENT rows (the order topic's, the order
+/// group's inbox), answers per group are its inbox rows, rejections and
+/// dead messages match, nothing waits, nothing is in hand, and every seed
+/// name has a sample.
+#[test]
+fn metrics_match_postgres_after_a_small_sale() {
+    const ORDERS: i64 = 6;
+    run(Setup::Full, |env| async move {
+        seckill_engine::activity::create(
+            &env.pool,
+            &env.store(),
+            &seckill_engine::activity::NewActivity {
+                activity: ACTIVITY,
+                sku: SKU,
+                stock: ORDERS,
+                valid_for_ms: 300_000,
+                pay_within_ms: 2_000,
+                force: false,
             },
         )
         .await?;
+        let engine = Engine::start(&env, engine_cfg(&env)).await?;
+        for user in 1..=ORDERS + 2 {
+            let (code, body) = post(&engine, user).await?;
+            ensure!(
+                code == 202 || (user > ORDERS && code != 500),
+                "{user}: {code} {body}"
+            );
+        }
+        let group = |kind| env.names.group(kind);
+        let canceled_and_released = || async {
+            let canceled = count_all(
+                &env,
+                "SELECT count(*) FROM orders WHERE status = 'CANCELED'",
+            )
+            .await?;
+            let released = count(
+                &env,
+                "SELECT count(*) FROM consumer_inbox WHERE consumer_group = $1",
+                &group(TopicKind::InventoryCompensate),
+            )
+            .await?;
+            let unsent = count_all(
+                &env,
+                "SELECT count(*) FROM event_outbox WHERE status <> 'SENT'",
+            )
+            .await?;
+            Ok(
+                (canceled == ORDERS as f64 && released == ORDERS as f64 && unsent == 0.0)
+                    .then_some(()),
+            )
+        };
+        eventually(
+            Duration::from_secs(90),
+            "every order canceled, its stock released, the outbox sent",
+            canceled_and_released,
+        )
+        .await?;
+        // Then until the projection has read every event and the governor
+        // has seen every group drained.
+        let outbox_sent = |topic: String| {
+            let env = &env;
+            async move {
+                count(
+                    env,
+                    "SELECT count(*) FROM event_outbox WHERE topic = $1 AND status = 'SENT'",
+                    &topic,
+                )
+                .await
+            }
+        };
+        let events = outbox_sent(env.names.topic(TopicKind::OrderEvent)).await?;
+        let projection = group(TopicKind::OrderEvent);
+        let text = eventually(Duration::from_secs(60), "a quiet scrape", || async {
+            let t = get_text(&engine, "/metrics").await?;
+            let projected = sum_of(&t, "mq_consume_total", &[("group", &projection)]);
+            let lagging = sum_of(&t, "mq_consumer_lag_messages", &[]);
+            let ticked = t.contains("\nmq_consumer_lag_messages{");
+            Ok((ticked && projected == events && lagging == 0.0).then_some(t))
+        })
+        .await?;
         engine.stop().await?;
 
-        let sampled = parse_prometheus(&text)?;
+        let sampled = parse_openmetrics(&text)?;
         for name in METRIC_NAMES {
             ensure!(sampled.contains(name), "{name} has no sample in:\n{text}");
         }
         shipped_rules_and_dashboard_name_exported_metrics(&text)?;
-        let value = |series: &str| -> Option<f64> {
-            text.lines()
-                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+
+        // Sends, topic by topic: the engine's confirmed sends are the
+        // outbox's SENT rows; the order topic's are the order group's inbox.
+        for kind in [
+            TopicKind::OrderTimeout,
+            TopicKind::OrderEvent,
+            TopicKind::InventoryCompensate,
+        ] {
+            let topic = env.names.topic(kind);
+            let sent = sum_of(
+                &text,
+                "mq_publish_total",
+                &[("topic", &topic), ("outcome", "CONFIRMED")],
+            );
+            ensure!(
+                sent == outbox_sent(topic.clone()).await?,
+                "{topic}: {sent} sends confirmed, outbox says otherwise:\n{text}"
+            );
+        }
+        let order_topic = env.names.topic(TopicKind::OrderCreate);
+        let inbox_of = |kind| {
+            let env = &env;
+            let g = env.names.group(kind);
+            async move {
+                count(
+                    env,
+                    "SELECT count(*) FROM consumer_inbox WHERE consumer_group = $1",
+                    &g,
+                )
+                .await
+            }
         };
-        let topic = env.names.topic(TopicKind::OrderCreate);
-        assert_eq!(
-            value(&format!(
-                "mq_publish_total{{topic=\"{topic}\",outcome=\"CONFIRMED\"}}"
-            )),
-            Some(1.0),
+        let order_inbox = inbox_of(TopicKind::OrderCreate).await?;
+        ensure!(order_inbox == ORDERS as f64, "{order_inbox} order messages");
+        let sent = sum_of(
+            &text,
+            "mq_publish_total",
+            &[("topic", &order_topic), ("outcome", "CONFIRMED")],
+        );
+        ensure!(sent == order_inbox, "{sent} order sends:\n{text}");
+        ensure!(
+            sum_of(&text, "mq_publish_unknown_total", &[]) == 0.0,
             "{text}"
         );
-        assert_eq!(
-            value(&format!(
-                "mq_consume_total{{topic=\"{topic}\",result=\"ACK\"}}"
-            )),
-            Some(1.0),
+
+        // Answers, group by group: every delivery was acknowledged once,
+        // and each group's inbox holds one row per message.
+        for kind in [
+            TopicKind::OrderCreate,
+            TopicKind::OrderTimeout,
+            TopicKind::InventoryCompensate,
+        ] {
+            let g = env.names.group(kind);
+            let acked = sum_of(
+                &text,
+                "mq_consume_total",
+                &[("group", &g), ("result", "ACK")],
+            );
+            let inbox = inbox_of(kind).await?;
+            ensure!(
+                acked == inbox,
+                "{g}: {acked} acked, {inbox} in its inbox:\n{text}"
+            );
+        }
+        ensure!(
+            sum_of(&text, "mq_consume_total", &[("group", &projection)]) == events,
             "{text}"
         );
-        assert_eq!(value("mq_dlq_messages"), Some(0.0));
-        assert_eq!(value("seckill_admission_open"), Some(1.0));
+        for family in ["mq_ack_failure_total", "mq_duplicate_message_total"] {
+            ensure!(sum_of(&text, family, &[]) == 0.0, "{family}:\n{text}");
+        }
+        let order_group = group(TopicKind::OrderCreate);
+        let rejected = count(
+            &env,
+            "SELECT count(*) FROM consumer_inbox WHERE consumer_group = $1 AND status = 'REJECTED'",
+            &order_group,
+        )
+        .await?;
+        ensure!(
+            sum_of(&text, "mq_business_reject_total", &[]) == rejected,
+            "{text}"
+        );
+        let dead = count_all(&env, "SELECT count(*) FROM dlq_messages").await?;
+        ensure!(sum_of(&text, "mq_dlq_messages", &[]) == dead, "{text}");
+
+        // At rest: nothing in hand, nothing waiting for this engine, and
+        // the order group's ready figure comes from its real assignment.
+        ensure!(sum_of(&text, "mq_consumer_inflight", &[]) == 0.0, "{text}");
+        ensure!(
+            text.contains(&format!(
+                "mq_consumer_ready{{group=\"{order_group}\",topic=\"{order_topic}\"}} 0.0"
+            )),
+            "{text}"
+        );
+        ensure!(
+            sum_of(&text, "reservation_mq_pending", &[]) == 0.0,
+            "{text}"
+        );
+        // Every order transaction is in the histogram.
+        ensure!(
+            sum_of(&text, "order_tx_latency_seconds_count", &[]) >= 1.0,
+            "{text}"
+        );
+        ensure!(
+            sum_of(&text, "seckill_admission_open", &[]) == 1.0,
+            "{text}"
+        );
         Ok(())
     });
 }

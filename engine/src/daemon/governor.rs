@@ -170,10 +170,15 @@ pub fn spawn(
     let mut stall = crate::decide::stall::StallWatch::default();
     let mut watch = Watch::new(observer);
     tracker.spawn(async move {
+        // The first tick runs at once: `/metrics` and the alerts read the
+        // lag, pending and DLQ figures from the start, not one interval in.
+        let mut first = true;
         loop {
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(every) => {}
+            if !std::mem::take(&mut first) {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(every) => {}
+                }
             }
             governor.adapt(&consume);
             let o = watch.next_with(Some(fill())).await;

@@ -283,21 +283,36 @@ async fn stats(State(state): State<AppState>) -> Json<StatsView> {
 
 /// Prometheus text format (docs/architecture.md §11.1 names).
 async fn metrics(State(state): State<AppState>) -> Response {
-    let body = crate::daemon::metrics::render(&crate::daemon::metrics::MetricsInput {
-        topic: state.names.topic(crate::mq::TopicKind::OrderCreate),
-        stats: &state.stats_view(),
-        publish_latency: &state.stats.send_latency,
-        tick: state.governor.last().as_deref(),
-        redis_unreplicated: state.store.unreplicated(),
+    use crate::daemon::metrics::{CONTENT_TYPE, Parts, Scrape, ready, render};
+    let tick = state.governor.last();
+    let ready = tick
+        .iter()
+        .flat_map(|t| &t.sample.groups)
+        .filter_map(|g| {
+            let inflight = state.meters.inflight_of(&g.group, &g.topic)
+                + state
+                    .meters
+                    .inflight_of(&g.group, &crate::mq::topics::retry_topic(&g.group));
+            ready(
+                g,
+                |topic| state.positions.assigned(&g.group, topic),
+                inflight,
+            )
+        })
+        .collect();
+    let body = render(Parts {
+        meters: &state.meters,
+        order_tx: state.consume.tx_latency.histogram(),
+        pool_wait: state.consume.pool_wait.histogram(),
+        scrape: Scrape {
+            names: state.names.clone(),
+            stats: state.stats_view(),
+            tick,
+            redis_unreplicated: state.store.unreplicated(),
+            ready,
+        },
     });
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

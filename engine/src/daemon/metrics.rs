@@ -1,32 +1,42 @@
-//! `/metrics` in Prometheus text format (exposition 0.0.4) with docs/architecture.md
-//! §11.1 names (docs/architecture.md §11). Counters and summaries come from the
-//! engine's in-process stats; gauges (lag, pending, DLQ) from the
-//! governor's latest tick, and are left out until the first tick rather
-//! than reported as a made-up zero.
+//! `/metrics` (docs/architecture.md §11.1): OpenMetrics text, encoded by the
+//! `prometheus-client` crate.
 //!
-//! The text is built as a list of metric [`Family`]s, one function per
-//! group of the §11.1 table (producer, consumer, DLQ, PostgreSQL, engine),
-//! then written by one small encoder.
+//! Three sources, one registry built per scrape:
+//! - the traffic families ([`Meters`]): every send and every delivery by
+//!   topic, group and outcome, with their latency histograms, recorded at
+//!   the message-queue boundary;
+//! - the order transaction's and the pool wait's histograms, fed with the
+//!   same samples as the windows the alerts read;
+//! - a [`Collector`] over a [`Scrape`]: the engine's counters and the
+//!   governor's latest tick (lag, pending, DLQ, alerts), read as they stand
+//!   at the scrape. The governor ticks once as the daemon starts, so these
+//!   are only missing when a source could not be read.
+//!
+//! Why the crate and not the hand-written text this file used to hold: it
+//! gives histograms (a window's percentiles cannot be summed over engines
+//! or time, a histogram's buckets can), escapes labels and writes the
+//! format's details (`_total`, `# EOF`) as Prometheus expects them.
 
 use crate::daemon::governor::Tick;
 use crate::decide::alerts::AlertState;
+use crate::domain::meters::{Meters, label_value};
 use crate::domain::stats::StatsView;
-use crate::domain::stats::{Latencies, Percentiles};
+use crate::mq::position::Queues;
+use crate::mq::{Names, QueueBacklog, TopicKind};
 use crate::observe::{GroupSample, Sample as TickSample};
-use std::fmt::Write;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
 
-pub struct MetricsInput<'a> {
-    /// The order-create topic, the `topic` label.
-    pub topic: String,
-    pub stats: &'a StatsView,
-    pub publish_latency: &'a Latencies,
-    pub tick: Option<&'a Tick>,
-    /// Reservations and releases answered before a Redis replica held
-    /// them (docs/architecture.md §4.6).
-    pub redis_unreplicated: u64,
-}
+/// The content type of the text [`render`] returns.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Every docs/architecture.md §11.1 metric name, in its order.
+/// Every docs/architecture.md §11.1 name, as the samples carry it: a
+/// counter's with `_total`, a histogram's without its `_bucket`, `_sum`
+/// and `_count`.
 pub const METRIC_NAMES: [&str; 26] = [
     "mq_publish_total",
     "mq_publish_latency_seconds",
@@ -66,258 +76,327 @@ const REPLAY_OUTCOMES: [&str; 6] = [
     "NOT_SENT",
 ];
 
-/// The whole `/metrics` body: every family of §11.1, in the table's order.
-pub fn render(m: &MetricsInput) -> String {
-    let families = [producer(m), consumer(m), dlq(m), postgres(m), engine(m)];
-    let mut out = String::with_capacity(8 * 1024);
-    for family in families.iter().flatten() {
-        family.write(&mut out);
+/// What one scrape reads besides the live families.
+#[derive(Debug, Clone)]
+pub struct Scrape {
+    pub names: Names,
+    pub stats: StatsView,
+    pub tick: Option<Arc<Tick>>,
+    /// Reservations and releases answered before a Redis replica held
+    /// them (docs/architecture.md §4.6).
+    pub redis_unreplicated: u64,
+    /// `mq_consumer_ready`, group by group ([`ready`]).
+    pub ready: Vec<Ready>,
+}
+
+/// Messages of one group waiting on the broker in the queues this process
+/// was assigned, not yet handed to its listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ready {
+    pub group: String,
+    pub topic: String,
+    pub messages: i64,
+}
+
+/// Everything `/metrics` shows.
+pub struct Parts<'a> {
+    pub meters: &'a Meters,
+    pub order_tx: Option<&'a Histogram>,
+    pub pool_wait: Option<&'a Histogram>,
+    pub scrape: Scrape,
+}
+
+/// The whole `/metrics` body.
+pub fn render(parts: Parts<'_>) -> String {
+    let mut r = Registry::default();
+    parts.meters.register(&mut r);
+    if let Some(h) = parts.order_tx {
+        r.register(
+            "order_tx_latency_seconds",
+            "One order transaction, BEGIN to COMMIT",
+            h.clone(),
+        );
     }
+    if let Some(h) = parts.pool_wait {
+        r.register(
+            "pg_pool_wait_seconds",
+            "Waiting for a pooled connection (with BEGIN), order transactions",
+            h.clone(),
+        );
+    }
+    r.register_collector(Box::new(parts.scrape));
+    let mut out = String::with_capacity(16 * 1024);
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &r);
     out
 }
 
+/// `mq_consumer_ready` of one group (§11.1): over the queues the client's
+/// last rebalance gave this process (`assigned`, by topic: the group's
+/// topic and its `%RETRY%`), the messages after the consumer's position,
+/// less those the listener holds now. `None` while the client has not said
+/// what it was given, or no tick has read the group's queues.
+pub fn ready(
+    g: &GroupSample,
+    assigned: impl Fn(&str) -> Option<Queues>,
+    inflight: i64,
+) -> Option<Ready> {
+    if g.queues.is_empty() {
+        return None;
+    }
+    let mut mine: Option<i64> = None;
+    let mut by_topic: std::collections::HashMap<&str, Option<Queues>> = Default::default();
+    for q in &g.queues {
+        let QueueBacklog {
+            topic,
+            broker,
+            queue_id,
+            messages,
+        } = q;
+        let given = by_topic
+            .entry(topic.as_str())
+            .or_insert_with(|| assigned(topic));
+        if let Some(given) = given {
+            let sum = mine.get_or_insert(0);
+            if given.contains(&(broker.clone(), *queue_id)) {
+                *sum += messages;
+            }
+        }
+    }
+    mine.map(|n| Ready {
+        group: g.group.clone(),
+        topic: g.topic.clone(),
+        messages: (n - inflight).max(0),
+    })
+}
+
 // ---------------------------------------------------------------------------
-// The families, one function per group of the §11.1 table.
+// The scrape-time families, one function per group of the §11.1 table.
 // ---------------------------------------------------------------------------
 
-/// Sends by outcome and their latency; reservations still waiting for a
-/// confirmed send (§6).
-fn producer<'m>(m: &'m MetricsInput) -> Vec<Family<'m>> {
-    let (s, topic) = (m.stats, m.topic.as_str());
-    let sample = m.tick.map(|k| &k.sample);
-    vec![
-        Family::counter("mq_publish_total", "Order-create sends by outcome.")
-            .count(
-                &[("topic", topic), ("outcome", "CONFIRMED")],
-                s.publish_confirmed,
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for f in [
+            self.producer(),
+            self.consumer(),
+            self.dlq(),
+            self.postgres(),
+            self.engine(),
+        ]
+        .iter()
+        .flatten()
+        {
+            f.encode(&mut enc)?;
+        }
+        Ok(())
+    }
+}
+
+impl Scrape {
+    fn sample(&self) -> Option<&TickSample> {
+        self.tick.as_deref().map(|t| &t.sample)
+    }
+
+    /// Reservations still waiting for a confirmed send, the scanner's
+    /// re-sends and the send circuit (§6).
+    fn producer(&self) -> Vec<Family> {
+        let s = &self.stats;
+        let sample = self.sample();
+        vec![
+            Family::gauge(
+                "reservation_mq_pending",
+                "Reservations waiting for a confirmed send",
             )
-            .count(
-                &[("topic", topic), ("outcome", "UNKNOWN")],
-                s.publish_unknown,
+            .level_if_read(Labels::new(), sample.map(pending_total)),
+            Family::gauge(
+                "reservation_mq_pending_oldest_age_seconds",
+                "Age of the oldest pending reservation",
             )
-            .count(
-                &[("topic", topic), ("outcome", "DEFINITE_FAILURE")],
-                s.publish_definite_failure,
+            .level_if_read(Labels::new(), sample.map(oldest_pending_age_s)),
+            Family::counter("reservation_resend", "Scanner re-sends by outcome")
+                .count(labels([("outcome", "CONFIRMED")]), s.resend.confirmed)
+                .count(labels([("outcome", "UNKNOWN")]), s.resend.unknown)
+                .count(
+                    labels([("outcome", "DEFINITE_FAILURE")]),
+                    s.resend.definite_failure,
+                )
+                .count(labels([("outcome", "EXPIRED")]), s.resend.expired),
+            Family::gauge(
+                "mq_send_circuit_open",
+                "1 while the send circuit holds sends back: the broker does not answer (§6.7)",
+            )
+            .level(
+                Labels::new(),
+                f64::from(u8::from(s.circuit.state != "CLOSED")),
             ),
-        Family::summary(
-            "mq_publish_latency_seconds",
-            "Bounded send latency (per batch request).",
-            &[("topic", topic)],
-            &s.send_latency,
-            m.publish_latency.total_seconds(),
-            m.publish_latency.total_count(),
-        ),
-        Family::counter(
-            "mq_publish_unknown_total",
-            "Sends whose outcome is unknown: stay pending, never compensated.",
-        )
-        .count(&[("topic", topic)], s.publish_unknown),
-        Family::gauge(
-            "reservation_mq_pending",
-            "Reservations waiting for a confirmed send.",
-        )
-        .value_if_read(&[], sample.map(pending_total)),
-        Family::gauge(
-            "reservation_mq_pending_oldest_age_seconds",
-            "Age of the oldest pending reservation.",
-        )
-        .value_if_read(&[], sample.map(oldest_pending_age_s)),
-        Family::counter("reservation_resend_total", "Scanner re-sends by outcome.")
-            .count(&[("outcome", "CONFIRMED")], s.resend.confirmed)
-            .count(&[("outcome", "UNKNOWN")], s.resend.unknown)
+            Family::counter(
+                "mq_send_circuit_held",
+                "Messages the open circuit kept from sending; they stayed pending in Redis",
+            )
+            .count(Labels::new(), s.circuit.held),
+        ]
+    }
+
+    /// What waits on the broker per group, duplicates and business
+    /// rejections (§7, §8).
+    fn consumer(&self) -> Vec<Family> {
+        let (c, l, names) = (&self.stats.consume, &self.stats.lifecycle, &self.names);
+        let groups = self.sample().map(|s| s.groups.as_slice()).unwrap_or(&[]);
+        let of = |kind: TopicKind| {
+            labels([("topic", &names.topic(kind)), ("group", &names.group(kind))])
+        };
+        let with = |kind: TopicKind, reason: &'static str| {
+            labels([
+                ("topic", &names.topic(kind)),
+                ("group", &names.group(kind)),
+                ("reason", reason),
+            ])
+        };
+        let per_group = |f: fn(&GroupSample) -> f64| {
+            groups
+                .iter()
+                .map(move |g| (group_labels(&g.group, &g.topic), Value::Level(f(g))))
+        };
+        vec![
+            Family::gauge(
+                "mq_consumer_ready",
+                "Messages waiting on the broker in the queues this engine's client was assigned, not yet handed to its listener",
+            )
+            .samples(self.ready.iter().map(|r| {
+                (
+                    group_labels(&r.group, &r.topic),
+                    Value::Level(r.messages as f64),
+                )
+            })),
+            Family::gauge(
+                "mq_consumer_lag_messages",
+                "Unconsumed messages of the group, %RETRY% included",
+            )
+            .samples(per_group(|g| g.lag_messages as f64)),
+            Family::gauge(
+                "mq_consumer_lag_seconds",
+                "Age of the oldest unconsumed message of the group, %RETRY% included",
+            )
+            .samples(per_group(|g| g.lag_seconds)),
+            Family::counter(
+                "mq_duplicate_message",
+                "Deliveries whose effect had already happened (the group's inbox, or the reservation, said so)",
+            )
             .count(
-                &[("outcome", "DEFINITE_FAILURE")],
-                s.resend.definite_failure,
+                of(TopicKind::OrderCreate),
+                c.duplicates + c.duplicate_reservation,
             )
-            .count(&[("outcome", "EXPIRED")], s.resend.expired),
-        Family::gauge(
-            "mq_send_circuit_open",
-            "1 while the send circuit holds sends back: the broker does not answer (§6.7).",
-        )
-        .value_if_read(&[], Some(f64::from(u8::from(s.circuit.state != "CLOSED")))),
-        Family::counter(
-            "mq_send_circuit_held_total",
-            "Messages the open circuit kept from sending; they stayed pending in Redis.",
-        )
-        .count(&[], s.circuit.held),
-    ]
-}
-
-/// The order-create consumer: verdicts, processing time, what waits on the
-/// broker per group, redeliveries, duplicates and business rejections (§7).
-fn consumer<'m>(m: &'m MetricsInput) -> Vec<Family<'m>> {
-    let (c, topic) = (&m.stats.consume, m.topic.as_str());
-    let groups = m.tick.map(|k| k.sample.groups.as_slice()).unwrap_or(&[]);
-    let per_group = |f: fn(&GroupSample) -> f64| {
-        groups.iter().map(move |g| {
-            Sample::new(
-                vec![("group", g.group.as_str()), ("topic", g.topic.as_str())],
-                f(g),
+            .count(of(TopicKind::OrderTimeout), l.cancel_duplicates)
+            .count(of(TopicKind::InventoryCompensate), l.release_duplicates),
+            Family::counter(
+                "mq_business_reject",
+                "Reservations turned down by the order transaction, by reason",
             )
-        })
-    };
-    vec![
-        Family::counter(
-            "mq_consume_total",
-            "Order-create messages by broker verdict.",
-        )
-        .count(&[("topic", topic), ("result", "ACK")], c.acked)
-        .count(&[("topic", topic), ("result", "RETRY")], c.retried),
-        Family::summary(
-            "mq_consume_process_seconds",
-            "One listener batch, parse to verdict.",
-            &[("topic", topic)],
-            &c.process,
-            c.process_sum_s,
-            c.process_count,
-        ),
-        Family::gauge(
-            "mq_consumer_inflight",
-            "Messages in the handler, not yet answered.",
-        )
-        .value(&[], c.inflight as f64),
-        Family::gauge(
-            "mq_consumer_ready",
-            "Order-create messages waiting on the broker, not yet handed out.",
-        )
-        .value_if_read(&[], consumer_ready(groups, topic, c.inflight)),
-        Family::gauge(
-            "mq_consumer_lag_messages",
-            "Unconsumed messages, %RETRY% included.",
-        )
-        .samples(per_group(|g| g.lag_messages as f64)),
-        Family::gauge(
-            "mq_consumer_lag_seconds",
-            "Age of the oldest unconsumed message, %RETRY% included.",
-        )
-        .samples(per_group(|g| g.lag_seconds)),
-        Family::counter("mq_ack_failure_total", "Messages sent back for redelivery.")
-            .count(&[], c.retried),
-        Family::counter(
-            "mq_duplicate_message_total",
-            "Deliveries whose effect had already happened (inbox or reservation).",
-        )
-        .count(&[], c.duplicates + c.duplicate_reservation),
-        Family::counter(
-            "mq_business_reject_total",
-            "Reservations turned down by the order transaction.",
-        )
-        .count(&[("reason", "NO_STOCK")], c.rejected_no_stock)
-        .count(&[("reason", "DUPLICATE_USER")], c.rejected_duplicate_user)
-        .count(&[("reason", "EXPIRED")], c.rejected_expired)
-        .count(&[("reason", "QUARANTINED")], c.quarantined),
-    ]
-}
+            .count(with(TopicKind::OrderCreate, "NO_STOCK"), c.rejected_no_stock)
+            .count(
+                with(TopicKind::OrderCreate, "DUPLICATE_USER"),
+                c.rejected_duplicate_user,
+            )
+            .count(with(TopicKind::OrderCreate, "EXPIRED"), c.rejected_expired)
+            .count(with(TopicKind::OrderCreate, "QUARANTINED"), c.quarantined),
+        ]
+    }
 
-/// Dead messages and operator replays (§9), all from the governor's tick.
-fn dlq<'m>(m: &'m MetricsInput) -> Vec<Family<'m>> {
-    let dlq = m.tick.and_then(|k| k.sample.dlq.as_ref());
-    // Every outcome of `replay_outcome`, zero included, once the DLQ is read.
-    let replays = dlq.into_iter().flat_map(|d| {
-        REPLAY_OUTCOMES.iter().map(|k| {
-            let n = d.replays.get(*k).copied().unwrap_or(0);
-            Sample::new(vec![("result", *k)], n as f64)
-        })
-    });
-    vec![
-        Family::gauge(
-            "mq_dlq_messages",
-            "Dead messages not yet replayed or discarded.",
-        )
-        .value_if_read(&[], dlq.map(|d| d.dead as f64)),
-        Family::gauge(
-            "mq_dlq_oldest_age_seconds",
-            "Age of the oldest dead message.",
-        )
-        .value_if_read(&[], dlq.map(|d| d.oldest_dead_age_s.unwrap_or(0.0))),
-        Family::counter(
-            "mq_dlq_replay_total",
-            "Operator replays by outcome (replay_audit).",
-        )
-        .samples(replays),
-    ]
-}
+    /// Dead messages and operator replays (§9), from the governor's tick.
+    fn dlq(&self) -> Vec<Family> {
+        let dlq = self.sample().and_then(|s| s.dlq.as_ref());
+        // Every outcome of `replay_outcome`, zero included, once the DLQ is read.
+        let replays = dlq.into_iter().flat_map(|d| {
+            REPLAY_OUTCOMES.iter().map(|k| {
+                let n = d.replays.get(*k).copied().unwrap_or(0);
+                (labels([("result", k)]), Value::Count(n))
+            })
+        });
+        vec![
+            Family::gauge(
+                "mq_dlq_messages",
+                "Dead messages not yet replayed or discarded",
+            )
+            .level_if_read(Labels::new(), dlq.map(|d| d.dead as f64)),
+            Family::gauge(
+                "mq_dlq_oldest_age_seconds",
+                "Age of the oldest dead message",
+            )
+            .level_if_read(
+                Labels::new(),
+                dlq.map(|d| d.oldest_dead_age_s.unwrap_or(0.0)),
+            ),
+            Family::counter(
+                "mq_dlq_replay",
+                "Operator replays by outcome (replay_audit)",
+            )
+            .samples(replays),
+        ]
+    }
 
-/// The order transaction and the pool it waits on (§7, §10.11).
-fn postgres<'m>(m: &'m MetricsInput) -> Vec<Family<'m>> {
-    let (c, pool) = (&m.stats.consume, &m.stats.pool);
-    vec![
-        Family::summary(
-            "order_tx_latency_seconds",
-            "One order transaction, BEGIN to COMMIT.",
-            &[],
-            &c.tx,
-            c.tx_sum_s,
-            c.tx_count,
-        ),
-        Family::summary(
-            "pg_pool_wait_seconds",
-            "Waiting for a pooled connection (with BEGIN).",
-            &[],
-            &c.pool_wait,
-            c.pool_wait_sum_s,
-            c.pool_wait_count,
-        ),
-        Family::gauge("pg_pool_acquired", "Pool connections in use.")
-            .value(&[], pool.size.saturating_sub(pool.idle) as f64),
-        Family::counter(
-            "pg_deadlock_total",
-            "Order transactions that hit a deadlock.",
-        )
-        .count(&[], c.deadlocks),
-        Family::counter(
-            "pg_serialization_retry_total",
-            "Order transactions retried on a serialization failure.",
-        )
-        .count(&[], c.serialization_failures),
-        Family::counter(
-            "inventory_condition_update_miss_total",
-            "Conditional stock decrements that found no stock.",
-        )
-        .count(&[], c.rejected_no_stock),
-    ]
-}
+    /// The pool the order transaction waits on, and what went wrong in it
+    /// (§7, §10.11).
+    fn postgres(&self) -> Vec<Family> {
+        let (c, pool) = (&self.stats.consume, &self.stats.pool);
+        vec![
+            Family::gauge("pg_pool_acquired", "Pool connections in use")
+                .level(Labels::new(), pool.size.saturating_sub(pool.idle) as f64),
+            Family::counter("pg_deadlock", "Order transactions that hit a deadlock")
+                .count(Labels::new(), c.deadlocks),
+            Family::counter(
+                "pg_serialization_retry",
+                "Order transactions retried on a serialization failure",
+            )
+            .count(Labels::new(), c.serialization_failures),
+            Family::counter(
+                "inventory_condition_update_miss",
+                "Conditional stock decrements that found no stock",
+            )
+            .count(Labels::new(), c.rejected_no_stock),
+        ]
+    }
 
-/// The governor (docs/architecture.md §10) and the alerts of §11.2.
-fn engine<'m>(m: &'m MetricsInput) -> Vec<Family<'m>> {
-    let g = &m.stats.governor;
-    let alerts = m.tick.into_iter().flat_map(|k| {
-        k.alerts
-            .iter()
-            .filter_map(|a| alert_level(a.state).map(|v| Sample::new(vec![("alert", a.metric)], v)))
-    });
-    vec![
-        Family::gauge(
-            "seckill_admission_open",
-            "1 while new reservations are admitted.",
-        )
-        .value(&[], if g.admission_open { 1.0 } else { 0.0 }),
-        Family::counter(
-            "seckill_admission_trips_total",
-            "Times admission control closed.",
-        )
-        .count(&[], g.admission_trips),
-        Family::counter(
-            "seckill_admission_refused_total",
-            "Reservations refused while closed.",
-        )
-        .count(&[], g.admission_refused),
-        Family::counter(
-            "seckill_redis_unreplicated_writes_total",
-            "Reservations and releases answered before a Redis replica acknowledged them (§4.6): a failover now could lose them.",
-        )
-        .count(&[], m.redis_unreplicated),
-        Family::gauge(
-            "seckill_consumer_concurrency_limit",
-            "Order transactions allowed at once (never above the budget).",
-        )
-        .value(&[], g.limit as f64),
-        Family::gauge(
-            "seckill_alert_state",
-            "Alerts of docs/architecture.md §11.2: 0 ok, 1 warning, 2 critical.",
-        )
-        .samples(alerts),
-    ]
+    /// The governor (docs/architecture.md §10) and the alerts of §11.2.
+    fn engine(&self) -> Vec<Family> {
+        let g = &self.stats.governor;
+        let alerts = self.tick.iter().flat_map(|k| {
+            k.alerts.iter().filter_map(|a| {
+                alert_level(a.state).map(|v| (labels([("alert", a.metric)]), Value::Level(v)))
+            })
+        });
+        vec![
+            Family::gauge(
+                "seckill_admission_open",
+                "1 while new reservations are admitted",
+            )
+            .level(Labels::new(), if g.admission_open { 1.0 } else { 0.0 }),
+            Family::counter(
+                "seckill_admission_trips",
+                "Times admission control closed",
+            )
+            .count(Labels::new(), g.admission_trips),
+            Family::counter(
+                "seckill_admission_refused",
+                "Reservations refused while closed",
+            )
+            .count(Labels::new(), g.admission_refused),
+            Family::counter(
+                "seckill_redis_unreplicated_writes",
+                "Reservations and releases answered before a Redis replica acknowledged them (§4.6): a failover now could lose them",
+            )
+            .count(Labels::new(), self.redis_unreplicated),
+            Family::gauge(
+                "seckill_consumer_concurrency_limit",
+                "Order transactions allowed at once (never above the budget)",
+            )
+            .level(Labels::new(), g.limit as f64),
+            Family::gauge(
+                "seckill_alert_state",
+                "Alerts of docs/architecture.md §11.2: 0 ok, 1 warning, 2 critical",
+            )
+            .samples(alerts),
+        ]
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -340,16 +419,6 @@ fn oldest_pending_age_s(s: &TickSample) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Order-create messages on the broker not yet handed to the handler: the
-/// order group's lag minus what is in flight. None until a tick has read
-/// that group.
-fn consumer_ready(groups: &[GroupSample], topic: &str, inflight: i64) -> Option<f64> {
-    groups
-        .iter()
-        .find(|g| g.topic == topic)
-        .map(|g| (g.lag_messages - inflight).max(0) as f64)
-}
-
 /// `seckill_alert_state`: 0 ok, 1 warning, 2 critical; an alert without
 /// data has no sample rather than a reassuring 0 (§11.2).
 fn alert_level(state: AlertState) -> Option<f64> {
@@ -362,164 +431,97 @@ fn alert_level(state: AlertState) -> Option<f64> {
 }
 
 // ---------------------------------------------------------------------------
-// The encoder. Hand-written rather than the `prometheus-client` crate (0.26):
-// that crate has no summary type, appends `_total` to counter names (ours
-// already end in it) and a `.` to every HELP, and prints `1` as `1.0`, so it
-// would change the names, HELP lines and values that dashboards and
-// `tests/tests/observe.rs` read.
+// One scrape-time family: its descriptor, then its samples (none at all is
+// allowed: the family is still declared).
 // ---------------------------------------------------------------------------
 
+type Labels = Vec<(&'static str, String)>;
+
+fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
+    pairs.iter().map(|(k, v)| (*k, label_value(v))).collect()
+}
+
+fn group_labels(group: &str, topic: &str) -> Labels {
+    labels([("group", group), ("topic", topic)])
+}
+
 #[derive(Debug, Clone, Copy)]
-enum Kind {
-    Counter,
-    Gauge,
-    Summary,
+enum Value {
+    Count(u64),
+    Level(f64),
 }
 
-impl Kind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-            Kind::Summary => "summary",
-        }
-    }
-}
-
-/// Label pairs in output order; values borrow from the input.
-type Labels<'a> = Vec<(&'static str, &'a str)>;
-
-/// One sample line: `{name}{suffix}{labels} {value}`.
-struct Sample<'a> {
-    /// `_sum` and `_count` of a summary; empty otherwise.
-    suffix: &'static str,
-    labels: Labels<'a>,
-    value: f64,
-}
-
-impl<'a> Sample<'a> {
-    fn new(labels: Labels<'a>, value: f64) -> Self {
-        Self {
-            suffix: "",
-            labels,
-            value,
-        }
-    }
-}
-
-/// One metric family: its `# HELP` and `# TYPE` lines, then its samples
-/// (none at all is allowed: the family is still declared).
-struct Family<'a> {
+struct Family {
     name: &'static str,
-    kind: Kind,
     help: &'static str,
-    samples: Vec<Sample<'a>>,
+    kind: MetricType,
+    samples: Vec<(Labels, Value)>,
 }
 
-impl<'a> Family<'a> {
-    fn new(name: &'static str, kind: Kind, help: &'static str) -> Self {
+impl Family {
+    fn counter(name: &'static str, help: &'static str) -> Self {
         Self {
             name,
-            kind,
             help,
+            kind: MetricType::Counter,
             samples: Vec::new(),
         }
     }
 
-    fn counter(name: &'static str, help: &'static str) -> Self {
-        Self::new(name, Kind::Counter, help)
-    }
-
     fn gauge(name: &'static str, help: &'static str) -> Self {
-        Self::new(name, Kind::Gauge, help)
-    }
-
-    /// p50, p95 and p99 as `quantile` samples (milliseconds to seconds),
-    /// then `_sum` and `_count`.
-    fn summary(
-        name: &'static str,
-        help: &'static str,
-        labels: &[(&'static str, &'a str)],
-        p: &Percentiles,
-        sum_s: f64,
-        count: u64,
-    ) -> Self {
-        let quantiles = [("0.5", p.p50_ms), ("0.95", p.p95_ms), ("0.99", p.p99_ms)];
-        let mut f = Self::new(name, Kind::Summary, help);
-        for (q, ms) in quantiles {
-            let mut l = labels.to_vec();
-            l.push(("quantile", q));
-            f.samples.push(Sample::new(l, ms / 1000.0));
+        Self {
+            kind: MetricType::Gauge,
+            ..Self::counter(name, help)
         }
-        f.samples.push(Sample {
-            suffix: "_sum",
-            labels: labels.to_vec(),
-            value: sum_s,
-        });
-        f.samples.push(Sample {
-            suffix: "_count",
-            labels: labels.to_vec(),
-            value: count as f64,
-        });
-        f
     }
 
-    fn value(mut self, labels: &[(&'static str, &'a str)], v: f64) -> Self {
-        self.samples.push(Sample::new(labels.to_vec(), v));
+    fn count(mut self, labels: Labels, n: u64) -> Self {
+        self.samples.push((labels, Value::Count(n)));
         self
     }
 
-    /// A counter's sample; the text format carries every value as a float.
-    fn count(self, labels: &[(&'static str, &'a str)], n: u64) -> Self {
-        self.value(labels, n as f64)
+    fn level(mut self, labels: Labels, v: f64) -> Self {
+        self.samples.push((labels, Value::Level(v)));
+        self
     }
 
-    /// A tick-fed sample: none until the source has been read.
-    fn value_if_read(self, labels: &[(&'static str, &'a str)], v: Option<f64>) -> Self {
+    /// A tick-fed sample: none while the source could not be read.
+    fn level_if_read(self, labels: Labels, v: Option<f64>) -> Self {
         match v {
-            Some(v) => self.value(labels, v),
+            Some(v) => self.level(labels, v),
             None => self,
         }
     }
 
-    fn samples(mut self, samples: impl IntoIterator<Item = Sample<'a>>) -> Self {
+    fn samples(mut self, samples: impl IntoIterator<Item = (Labels, Value)>) -> Self {
         self.samples.extend(samples);
         self
     }
 
-    fn write(&self, out: &mut String) {
-        let name = self.name;
-        let _ = writeln!(out, "# HELP {name} {}", self.help);
-        let _ = writeln!(out, "# TYPE {name} {}", self.kind.as_str());
-        for s in &self.samples {
-            let _ = writeln!(
-                out,
-                "{name}{}{} {}",
-                s.suffix,
-                label_set(&s.labels),
-                s.value
-            );
+    fn encode(&self, enc: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        // OpenMetrics HELP text ends in a full stop, as the registered
+        // families' do.
+        let help = format!("{}.", self.help);
+        let mut m = enc.encode_descriptor(self.name, &help, None, self.kind)?;
+        for (labels, v) in &self.samples {
+            if labels.is_empty() {
+                write_value(&mut m, *v)?;
+            } else {
+                write_value(&mut m.encode_family(labels)?, *v)?;
+            }
         }
+        Ok(())
     }
 }
 
-/// `{k="v",...}`, or nothing without labels.
-fn label_set(labels: &[(&str, &str)]) -> String {
-    if labels.is_empty() {
-        return String::new();
+fn write_value(
+    m: &mut prometheus_client::encoding::MetricEncoder<'_>,
+    v: Value,
+) -> Result<(), std::fmt::Error> {
+    match v {
+        Value::Count(n) => m.encode_counter::<NoLabelSet, u64, u64>(&n, None),
+        Value::Level(x) => m.encode_gauge(&x),
     }
-    let pairs: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
-        .collect();
-    format!("{{{}}}", pairs.join(","))
-}
-
-/// A label value, escaped as the text format requires.
-fn esc(v: &str) -> String {
-    v.replace('\\', r"\\")
-        .replace('"', "\\\"")
-        .replace('\n', r"\n")
 }
 
 #[cfg(test)]
@@ -529,8 +531,9 @@ mod tests {
     use crate::decide::backlog::Drain;
     use crate::decide::scale::{Advice, BudgetInputs, ScaleInputs};
     use crate::domain::ids::ActivityId;
-    use crate::domain::stats::{ConsumeView, GovernorView, PoolView, ResendView};
+    use crate::domain::stats::{ConsumeView, GovernorView, Percentiles, PoolView, ResendView};
     use crate::observe::{DlqSample, GroupSample, PendingSample, Sample};
+    use std::collections::HashSet;
 
     /// A fixed input touching every family: distinct figures per field so a
     /// mis-wired sample shows, label values that need escaping, a pending
@@ -648,6 +651,7 @@ mod tests {
             oldest_valid_until_ms: None,
             expiring: 0,
             per_broker: Vec::new(),
+            queues: Vec::new(),
         };
         let pending = |activity, count, oldest_created_ms| PendingSample {
             activity_id: ActivityId(activity),
@@ -707,170 +711,106 @@ mod tests {
         }
     }
 
-    fn render_fixture(tick: Option<&Tick>) -> String {
-        let lat = Latencies::new(4);
-        for ms in [2, 3] {
-            lat.record(std::time::Duration::from_millis(ms));
-        }
-        render(&MetricsInput {
+    fn names() -> Names {
+        Names::new("sk_")
+    }
+
+    fn scrape(tick: Option<Tick>) -> Scrape {
+        let mut stats = fixture_stats();
+        stats.lifecycle.cancel_duplicates = 41;
+        stats.lifecycle.release_duplicates = 42;
+        Scrape {
+            names: names(),
+            stats,
+            tick: tick.map(Arc::new),
             redis_unreplicated: 5,
-            topic: "sk_ORDER_CREATE".into(),
-            stats: &fixture_stats(),
-            publish_latency: &lat,
-            tick,
+            ready: vec![Ready {
+                group: "sk_order_cg".into(),
+                topic: "sk_ORDER_CREATE".into(),
+                messages: 113,
+            }],
+        }
+    }
+
+    fn render_scrape(tick: Option<Tick>) -> String {
+        render(Parts {
+            meters: &Meters::default(),
+            order_tx: None,
+            pool_wait: None,
+            scrape: scrape(tick),
         })
     }
 
-    /// The whole text for the fixture, byte for byte: taken from the
-    /// renderer as it stood before it was split into families, so any
-    /// change to a name, HELP line, label order or number format shows here.
-    const GOLDEN: &str = r#"# HELP mq_publish_total Order-create sends by outcome.
-# TYPE mq_publish_total counter
-mq_publish_total{topic="sk_ORDER_CREATE",outcome="CONFIRMED"} 1001
-mq_publish_total{topic="sk_ORDER_CREATE",outcome="UNKNOWN"} 3
-mq_publish_total{topic="sk_ORDER_CREATE",outcome="DEFINITE_FAILURE"} 2
-# HELP mq_publish_latency_seconds Bounded send latency (per batch request).
-# TYPE mq_publish_latency_seconds summary
-mq_publish_latency_seconds{topic="sk_ORDER_CREATE",quantile="0.5"} 0.0015
-mq_publish_latency_seconds{topic="sk_ORDER_CREATE",quantile="0.95"} 0.00725
-mq_publish_latency_seconds{topic="sk_ORDER_CREATE",quantile="0.99"} 0.012
-mq_publish_latency_seconds_sum{topic="sk_ORDER_CREATE"} 0.005
-mq_publish_latency_seconds_count{topic="sk_ORDER_CREATE"} 2
-# HELP mq_publish_unknown_total Sends whose outcome is unknown: stay pending, never compensated.
-# TYPE mq_publish_unknown_total counter
-mq_publish_unknown_total{topic="sk_ORDER_CREATE"} 3
-# HELP reservation_mq_pending Reservations waiting for a confirmed send.
-# TYPE reservation_mq_pending gauge
-reservation_mq_pending 8
-# HELP reservation_mq_pending_oldest_age_seconds Age of the oldest pending reservation.
-# TYPE reservation_mq_pending_oldest_age_seconds gauge
-reservation_mq_pending_oldest_age_seconds 1.5
-# HELP reservation_resend_total Scanner re-sends by outcome.
-# TYPE reservation_resend_total counter
-reservation_resend_total{outcome="CONFIRMED"} 11
-reservation_resend_total{outcome="UNKNOWN"} 12
-reservation_resend_total{outcome="DEFINITE_FAILURE"} 13
-reservation_resend_total{outcome="EXPIRED"} 14
-# HELP mq_send_circuit_open 1 while the send circuit holds sends back: the broker does not answer (§6.7).
-# TYPE mq_send_circuit_open gauge
-mq_send_circuit_open 1
-# HELP mq_send_circuit_held_total Messages the open circuit kept from sending; they stayed pending in Redis.
-# TYPE mq_send_circuit_held_total counter
-mq_send_circuit_held_total 15
-# HELP mq_consume_total Order-create messages by broker verdict.
-# TYPE mq_consume_total counter
-mq_consume_total{topic="sk_ORDER_CREATE",result="ACK"} 990
-mq_consume_total{topic="sk_ORDER_CREATE",result="RETRY"} 4
-# HELP mq_consume_process_seconds One listener batch, parse to verdict.
-# TYPE mq_consume_process_seconds summary
-mq_consume_process_seconds{topic="sk_ORDER_CREATE",quantile="0.5"} 0.00025
-mq_consume_process_seconds{topic="sk_ORDER_CREATE",quantile="0.95"} 0.0005
-mq_consume_process_seconds{topic="sk_ORDER_CREATE",quantile="0.99"} 0.00075
-mq_consume_process_seconds_sum{topic="sk_ORDER_CREATE"} 1.125
-mq_consume_process_seconds_count{topic="sk_ORDER_CREATE"} 994
-# HELP mq_consumer_inflight Messages in the handler, not yet answered.
-# TYPE mq_consumer_inflight gauge
-mq_consumer_inflight 7
-# HELP mq_consumer_ready Order-create messages waiting on the broker, not yet handed out.
-# TYPE mq_consumer_ready gauge
-mq_consumer_ready 113
-# HELP mq_consumer_lag_messages Unconsumed messages, %RETRY% included.
-# TYPE mq_consumer_lag_messages gauge
-mq_consumer_lag_messages{group="sk_order_cg",topic="sk_ORDER_CREATE"} 120
-mq_consumer_lag_messages{group="sk_cancel_cg",topic="sk_ORDER_CANCEL"} 0
-mq_consumer_lag_messages{group="odd\"g\\\nx",topic="t"} 3
-# HELP mq_consumer_lag_seconds Age of the oldest unconsumed message, %RETRY% included.
-# TYPE mq_consumer_lag_seconds gauge
-mq_consumer_lag_seconds{group="sk_order_cg",topic="sk_ORDER_CREATE"} 1.25
-mq_consumer_lag_seconds{group="sk_cancel_cg",topic="sk_ORDER_CANCEL"} 0
-mq_consumer_lag_seconds{group="odd\"g\\\nx",topic="t"} 12345.678
-# HELP mq_ack_failure_total Messages sent back for redelivery.
-# TYPE mq_ack_failure_total counter
-mq_ack_failure_total 4
-# HELP mq_duplicate_message_total Deliveries whose effect had already happened (inbox or reservation).
-# TYPE mq_duplicate_message_total counter
-mq_duplicate_message_total 14
-# HELP mq_business_reject_total Reservations turned down by the order transaction.
-# TYPE mq_business_reject_total counter
-mq_business_reject_total{reason="NO_STOCK"} 21
-mq_business_reject_total{reason="DUPLICATE_USER"} 22
-mq_business_reject_total{reason="EXPIRED"} 23
-mq_business_reject_total{reason="QUARANTINED"} 24
-# HELP mq_dlq_messages Dead messages not yet replayed or discarded.
-# TYPE mq_dlq_messages gauge
-mq_dlq_messages 2
-# HELP mq_dlq_oldest_age_seconds Age of the oldest dead message.
-# TYPE mq_dlq_oldest_age_seconds gauge
-mq_dlq_oldest_age_seconds 42.5
-# HELP mq_dlq_replay_total Operator replays by outcome (replay_audit).
-# TYPE mq_dlq_replay_total counter
-mq_dlq_replay_total{result="PENDING"} 0
-mq_dlq_replay_total{result="VERIFIED"} 3
-mq_dlq_replay_total{result="SEND_FAILED"} 1
-mq_dlq_replay_total{result="SEND_UNKNOWN"} 0
-mq_dlq_replay_total{result="VERIFY_FAILED"} 0
-mq_dlq_replay_total{result="NOT_SENT"} 0
-# HELP order_tx_latency_seconds One order transaction, BEGIN to COMMIT.
-# TYPE order_tx_latency_seconds summary
-order_tx_latency_seconds{quantile="0.5"} 0.003
-order_tx_latency_seconds{quantile="0.95"} 0.03
-order_tx_latency_seconds{quantile="0.99"} 0.3005
-order_tx_latency_seconds_sum 12.5
-order_tx_latency_seconds_count 930
-# HELP pg_pool_wait_seconds Waiting for a pooled connection (with BEGIN).
-# TYPE pg_pool_wait_seconds summary
-pg_pool_wait_seconds{quantile="0.5"} 0.000001
-pg_pool_wait_seconds{quantile="0.95"} 0.00002
-pg_pool_wait_seconds{quantile="0.99"} 0.12
-pg_pool_wait_seconds_sum 0.0625
-pg_pool_wait_seconds_count 931
-# HELP pg_pool_acquired Pool connections in use.
-# TYPE pg_pool_acquired gauge
-pg_pool_acquired 7
-# HELP pg_deadlock_total Order transactions that hit a deadlock.
-# TYPE pg_deadlock_total counter
-pg_deadlock_total 25
-# HELP pg_serialization_retry_total Order transactions retried on a serialization failure.
-# TYPE pg_serialization_retry_total counter
-pg_serialization_retry_total 26
-# HELP inventory_condition_update_miss_total Conditional stock decrements that found no stock.
-# TYPE inventory_condition_update_miss_total counter
-inventory_condition_update_miss_total 21
-# HELP seckill_admission_open 1 while new reservations are admitted.
-# TYPE seckill_admission_open gauge
-seckill_admission_open 0
-# HELP seckill_admission_trips_total Times admission control closed.
-# TYPE seckill_admission_trips_total counter
-seckill_admission_trips_total 2
-# HELP seckill_admission_refused_total Reservations refused while closed.
-# TYPE seckill_admission_refused_total counter
-seckill_admission_refused_total 31
-# HELP seckill_redis_unreplicated_writes_total Reservations and releases answered before a Redis replica acknowledged them (§4.6): a failover now could lose them.
-# TYPE seckill_redis_unreplicated_writes_total counter
-seckill_redis_unreplicated_writes_total 5
-# HELP seckill_consumer_concurrency_limit Order transactions allowed at once (never above the budget).
-# TYPE seckill_consumer_concurrency_limit gauge
-seckill_consumer_concurrency_limit 6
-# HELP seckill_alert_state Alerts of docs/architecture.md §11.2: 0 ok, 1 warning, 2 critical.
-# TYPE seckill_alert_state gauge
-seckill_alert_state{alert="mq_consumer_lag_seconds"} 0
-seckill_alert_state{alert="pg_pool_wait_seconds_p95"} 1
-seckill_alert_state{alert="order_tx_latency_seconds_p99"} 2
-"#;
-
+    /// The scrape-time lines for the fixture: each figure lands in its own
+    /// family under its own labels, label values are escaped, the unknown
+    /// replay outcome and the alert without data are left out.
     #[test]
-    fn the_rendered_text_is_pinned() {
-        assert_eq!(render_fixture(Some(&fixture_tick())), GOLDEN);
+    fn the_scrape_families_carry_the_fixture() {
+        let t = render_scrape(Some(fixture_tick()));
+        let n = names();
+        let (order_t, order_g) = (
+            n.topic(TopicKind::OrderCreate),
+            n.group(TopicKind::OrderCreate),
+        );
+        let (cancel_t, cancel_g) = (
+            n.topic(TopicKind::OrderTimeout),
+            n.group(TopicKind::OrderTimeout),
+        );
+        let expected = [
+            "# HELP reservation_mq_pending Reservations waiting for a confirmed send.".to_owned(),
+            "# TYPE reservation_mq_pending gauge".into(),
+            "reservation_mq_pending 8.0".into(),
+            "reservation_mq_pending_oldest_age_seconds 1.5".into(),
+            "# TYPE reservation_resend counter".into(),
+            "reservation_resend_total{outcome=\"CONFIRMED\"} 11".into(),
+            "reservation_resend_total{outcome=\"EXPIRED\"} 14".into(),
+            "mq_send_circuit_open 1.0".into(),
+            "mq_send_circuit_held_total 15".into(),
+            "mq_consumer_ready{group=\"sk_order_cg\",topic=\"sk_ORDER_CREATE\"} 113.0".into(),
+            "mq_consumer_lag_messages{group=\"sk_order_cg\",topic=\"sk_ORDER_CREATE\"} 120.0"
+                .into(),
+            "mq_consumer_lag_seconds{group=\"odd\\\"g\\\\\\nx\",topic=\"t\"} 12345.678".into(),
+            format!("mq_duplicate_message_total{{topic=\"{order_t}\",group=\"{order_g}\"}} 14"),
+            format!("mq_duplicate_message_total{{topic=\"{cancel_t}\",group=\"{cancel_g}\"}} 41"),
+            format!(
+                "mq_business_reject_total{{topic=\"{order_t}\",group=\"{order_g}\",reason=\"NO_STOCK\"}} 21"
+            ),
+            format!(
+                "mq_business_reject_total{{topic=\"{order_t}\",group=\"{order_g}\",reason=\"QUARANTINED\"}} 24"
+            ),
+            "mq_dlq_messages 2.0".into(),
+            "mq_dlq_oldest_age_seconds 42.5".into(),
+            "mq_dlq_replay_total{result=\"PENDING\"} 0".into(),
+            "mq_dlq_replay_total{result=\"VERIFIED\"} 3".into(),
+            "mq_dlq_replay_total{result=\"SEND_FAILED\"} 1".into(),
+            "pg_pool_acquired 7.0".into(),
+            "pg_deadlock_total 25".into(),
+            "pg_serialization_retry_total 26".into(),
+            "inventory_condition_update_miss_total 21".into(),
+            "seckill_admission_open 0.0".into(),
+            "seckill_admission_trips_total 2".into(),
+            "seckill_admission_refused_total 31".into(),
+            "seckill_redis_unreplicated_writes_total 5".into(),
+            "seckill_consumer_concurrency_limit 6.0".into(),
+            "seckill_alert_state{alert=\"mq_consumer_lag_seconds\"} 0.0".into(),
+            "seckill_alert_state{alert=\"pg_pool_wait_seconds_p95\"} 1.0".into(),
+            "seckill_alert_state{alert=\"order_tx_latency_seconds_p99\"} 2.0".into(),
+        ];
+        let lines: HashSet<&str> = t.lines().collect();
+        for e in &expected {
+            assert!(lines.contains(e.as_str()), "no line {e:?} in:\n{t}");
+        }
+        assert!(!t.contains("BOGUS"), "{t}");
+        assert!(!t.contains("alert=\"mq_dlq_messages\""), "{t}");
+        assert!(t.ends_with("# EOF\n"), "{t}");
     }
 
-    /// Before the first tick the text is the golden one without the samples
-    /// of the tick-fed families; their HELP and TYPE stay (docs/architecture.md §11.1).
+    /// Without a tick the tick-fed families are declared with no samples.
     #[test]
-    fn before_the_first_tick_only_the_tick_fed_samples_go() {
-        const TICK_FED: [&str; 9] = [
+    fn without_a_tick_only_the_tick_fed_samples_go() {
+        const TICK_FED: [&str; 8] = [
             "reservation_mq_pending",
             "reservation_mq_pending_oldest_age_seconds",
-            "mq_consumer_ready",
             "mq_consumer_lag_messages",
             "mq_consumer_lag_seconds",
             "mq_dlq_messages",
@@ -878,63 +818,138 @@ seckill_alert_state{alert="order_tx_latency_seconds_p99"} 2
             "mq_dlq_replay_total",
             "seckill_alert_state",
         ];
-        let sample_of = |line: &str| line.split(['{', ' ']).next().unwrap_or("").to_owned();
-        let expected: String = GOLDEN
-            .lines()
-            .filter(|l| l.starts_with('#') || !TICK_FED.contains(&sample_of(l).as_str()))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        assert_eq!(render_fixture(None), expected);
+        let t = render_scrape(None);
+        for name in TICK_FED {
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            assert!(
+                t.contains(&format!("# TYPE {family} ")),
+                "{family} undeclared"
+            );
+            assert!(
+                !t.lines()
+                    .any(|l| l.starts_with(&format!("{name}{{"))
+                        || l.starts_with(&format!("{name} "))),
+                "{name} sampled without a tick:\n{t}"
+            );
+        }
+        assert!(t.contains("\nseckill_admission_open 0.0\n"), "{t}");
     }
 
+    /// Every seed name is declared once a consumer runs and a topic had a
+    /// send (the traffic families have no series before).
     #[test]
-    fn ready_never_goes_below_zero() {
-        let mut tick = fixture_tick();
-        tick.sample.groups[0].lag_messages = 2;
-        assert!(
-            render_fixture(Some(&tick)).contains("\nmq_consumer_ready 0\n"),
-            "7 in flight, 2 lagging: none ready"
+    fn every_seed_name_is_declared_from_the_first_send() {
+        let h = crate::domain::meters::histogram(&crate::domain::meters::TX_BUCKETS);
+        let meters = Meters::default();
+        meters.declare_consumer("g", "T");
+        meters.sent("T", "CONFIRMED", 1, std::time::Duration::from_millis(1));
+        meters.handed("g", "T", 1);
+        meters.answered(
+            "g",
+            "T",
+            1,
+            crate::domain::meters::Answer::Ack,
+            std::time::Duration::ZERO,
         );
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    }
-
-    #[test]
-    fn every_seed_name_has_help_and_type_even_before_the_first_tick() {
-        let stats = StatsView {
-            circuit: crate::domain::stats::CircuitView::default(),
-            publish_confirmed: 3,
-            publish_unknown: 1,
-            publish_definite_failure: 0,
-            publish_batches: 1,
-            publish_handed_to_scanner: 0,
-            scanner_resent: 0,
-            resend: Default::default(),
-            send_latency: Percentiles::default(),
-            lifecycle: Default::default(),
-            consume: Default::default(),
-            pool: Default::default(),
-            governor: Default::default(),
-            positions: Vec::new(),
-        };
-        let lat = Latencies::new(4);
-        let text = render(&MetricsInput {
-            redis_unreplicated: 0,
-            topic: "T".into(),
-            stats: &stats,
-            publish_latency: &lat,
-            tick: None,
+        let t = render(Parts {
+            meters: &meters,
+            order_tx: Some(&h),
+            pool_wait: Some(&h),
+            scrape: scrape(None),
         });
         for name in METRIC_NAMES {
-            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            assert!(
+                t.contains(&format!("# TYPE {family} ")),
+                "{family} missing:\n{t}"
+            );
         }
-        assert!(text.contains("mq_publish_total{topic=\"T\",outcome=\"UNKNOWN\"} 1"));
+    }
+
+    #[test]
+    fn the_order_transaction_is_a_histogram_with_the_slo_bounds() {
+        let tx = crate::domain::meters::histogram(&crate::domain::meters::TX_BUCKETS);
+        for s in [0.002, 0.2, 0.9, 2.0] {
+            tx.observe(s);
+        }
+        let t = render(Parts {
+            meters: &Meters::default(),
+            order_tx: Some(&tx),
+            pool_wait: None,
+            scrape: scrape(None),
+        });
+        // The §11.2 thresholds, 300 ms and 1 s, are bucket bounds.
         assert!(
-            !text.contains("\nmq_consumer_lag_seconds{"),
-            "no tick, no lag sample"
+            t.contains("\norder_tx_latency_seconds_bucket{le=\"0.3\"} 2\n"),
+            "{t}"
         );
+        assert!(
+            t.contains("\norder_tx_latency_seconds_bucket{le=\"1.0\"} 3\n"),
+            "{t}"
+        );
+        assert!(t.contains("\norder_tx_latency_seconds_count 4\n"), "{t}");
+    }
+
+    fn backlog(topic: &str, broker: &str, queue_id: i32, messages: i64) -> QueueBacklog {
+        QueueBacklog {
+            topic: topic.into(),
+            broker: broker.into(),
+            queue_id,
+            messages,
+        }
+    }
+
+    fn group_with(queues: Vec<QueueBacklog>) -> GroupSample {
+        GroupSample {
+            group: "g".into(),
+            topic: "T".into(),
+            lag_messages: queues.iter().map(|q| q.messages).sum(),
+            lag_seconds: 0.0,
+            retry_lag_messages: 0,
+            retry_lag_seconds: 0.0,
+            broker_offsets: 0,
+            consumer_offsets: 0,
+            oldest_valid_until_ms: None,
+            expiring: 0,
+            per_broker: Vec::new(),
+            queues,
+        }
+    }
+
+    fn given(pairs: &[(&str, i32)]) -> Queues {
+        pairs.iter().map(|(b, q)| ((*b).to_owned(), *q)).collect()
+    }
+
+    #[test]
+    fn ready_counts_only_the_queues_this_process_was_given() {
+        let g = group_with(vec![
+            backlog("T", "b1", 0, 10),
+            backlog("T", "b1", 1, 20),
+            backlog("T", "b2", 0, 40),
+            backlog("%RETRY%g", "b1", 0, 5),
+        ]);
+        let assigned = |topic: &str| match topic {
+            "T" => Some(given(&[("b1", 1), ("b2", 0)])),
+            "%RETRY%g" => Some(given(&[("b1", 0)])),
+            _ => None,
+        };
+        let r = ready(&g, assigned, 7).expect("assigned");
+        assert_eq!(r.messages, 20 + 40 + 5 - 7);
+        assert_eq!((r.group.as_str(), r.topic.as_str()), ("g", "T"));
+    }
+
+    #[test]
+    fn ready_is_unknown_until_the_client_says_and_never_negative() {
+        let g = group_with(vec![backlog("T", "b1", 0, 3)]);
+        assert_eq!(ready(&g, |_| None, 0), None, "no rebalance heard yet");
+        assert_eq!(
+            ready(&group_with(vec![]), |_| Some(given(&[])), 0),
+            None,
+            "no tick yet"
+        );
+        let r = ready(&g, |_| Some(given(&[("b1", 0)])), 9).expect("assigned");
+        assert_eq!(r.messages, 0, "9 in hand, 3 behind");
+        let r = ready(&g, |_| Some(given(&[])), 0).expect("told: nothing given");
+        assert_eq!(r.messages, 0);
     }
 }

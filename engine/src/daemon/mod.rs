@@ -30,6 +30,7 @@ use crate::daemon::auth::Gate;
 use crate::daemon::governor::Governor;
 use crate::daemon::http::{AppState, admin_router, router};
 use crate::daemon::state::OpsDeps;
+use crate::domain::meters::Meters;
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats};
 use crate::mq::position::Positions;
 use crate::mq::rocket::{MqError, RocketAdmin, RocketConsumer, RocketProducer};
@@ -138,6 +139,8 @@ struct Ctx<'a> {
     circuit: Arc<SendCircuit>,
     /// Every consumer's queue positions, for `/v1/stats` (§10.4).
     positions: Arc<Positions>,
+    /// Every send and delivery by topic and group, for `/metrics` (§11.1).
+    meters: Meters,
 }
 
 impl Ctx<'_> {
@@ -153,6 +156,7 @@ impl Ctx<'_> {
             namesrv: self.cfg.namesrv_addr.clone(),
             spec: ConsumerSpec {
                 positions: Some(self.positions.clone()),
+                meters: Some(self.meters.clone()),
                 ..spec.clone()
             },
             handler: Arc::new(handler),
@@ -215,6 +219,7 @@ async fn start(
         cancel: CancellationToken::new(),
         circuit: Arc::new(SendCircuit::new(cfg.mq.circuit)),
         positions: Arc::new(Positions::new()),
+        meters: Meters::default(),
     };
     let send_timeout = Duration::from_millis(cfg.mq.send_timeout_ms);
     let producer = RocketProducer::start(
@@ -224,7 +229,8 @@ async fn start(
         send_timeout,
         cfg.mq.send_retries,
     )
-    .await?;
+    .await?
+    .with_meters(ctx.meters.clone());
     parts.started(Part::Producer(producer.clone()));
     parts.started(Part::Loops {
         tracker: ctx.tracker.clone(),
@@ -239,7 +245,8 @@ async fn start(
     // order can feed it, and, stopped in reverse, the order consumer stops
     // pulling first while the consumers after it still run.
     let lifecycle = Arc::new(LifecycleStats::default());
-    start_lifecycle(&ctx, parts, &producer, send_timeout, &lifecycle, &consume).await?;
+    let outbox_timeout = Duration::from_millis(cfg.outbox.send_timeout_ms);
+    start_lifecycle(&ctx, parts, &producer, outbox_timeout, &lifecycle, &consume).await?;
     let queues = start_order_consumer(&ctx, parts, &governor, &consume).await?;
     start_safety_nets(&ctx, &lifecycle).await?;
 
@@ -268,6 +275,7 @@ async fn start(
         ready: ready.clone(),
         consuming,
         positions: ctx.positions.clone(),
+        meters: ctx.meters.clone(),
         ops: Arc::new(OpsDeps {
             producer: producer.clone(),
             rt: rt.clone(),
@@ -392,7 +400,7 @@ async fn start_lifecycle(
     ctx: &Ctx<'_>,
     parts: &mut Parts,
     producer: &RocketProducer,
-    send_timeout: Duration,
+    outbox_timeout: Duration,
     lifecycle: &Arc<LifecycleStats>,
     consume: &Arc<ConsumeStats>,
 ) -> Result<(), DaemonError> {
@@ -400,7 +408,7 @@ async fn start_lifecycle(
         outbox::OutboxDeps {
             producer: producer.clone(),
             pool: ctx.pool.clone(),
-            send_timeout,
+            send_timeout: outbox_timeout,
             stats: lifecycle.clone(),
             orders: Some(consume.clone()),
         },

@@ -4,6 +4,7 @@
 
 use crate::daemon::api::ApiError;
 use crate::daemon::governor::{Governor, SIGNAL_WINDOW};
+use crate::domain::meters::Meters;
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats, StatsView};
 use crate::mq::Names;
 use crate::mq::position::Positions;
@@ -35,6 +36,8 @@ pub struct AppState {
     pub consuming: Arc<AtomicBool>,
     /// Where the consumers have got to, queue by queue (§10.4).
     pub positions: Arc<Positions>,
+    /// Every send and delivery by topic and group (§11.1).
+    pub meters: Meters,
     /// What the operator API's replays and restores need beyond the
     /// stores.
     pub ops: Arc<OpsDeps>,

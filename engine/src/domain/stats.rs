@@ -9,13 +9,17 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A bounded window of recent latency samples, in microseconds, plus the
-/// all-time count and sum a Prometheus summary needs.
+/// all-time count and sum. The window gives the percentiles the alerts and
+/// the governor read (recent ones); the optional histogram is what
+/// `/metrics` exports, since a window's percentiles cannot be aggregated
+/// over engines or time (docs/architecture.md §11.1).
 #[derive(Debug)]
 pub struct Latencies {
     cap: usize,
     samples: Mutex<VecDeque<(Instant, u64)>>,
     count: AtomicU64,
     sum_us: AtomicU64,
+    histogram: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
@@ -36,10 +40,27 @@ impl Latencies {
             samples: Mutex::new(VecDeque::with_capacity(cap.min(4096))),
             count: AtomicU64::new(0),
             sum_us: AtomicU64::new(0),
+            histogram: None,
         }
     }
 
+    /// A window that also feeds a histogram over `buckets` (seconds).
+    pub fn with_histogram(cap: usize, buckets: &[f64]) -> Self {
+        Self {
+            histogram: Some(crate::domain::meters::histogram(buckets)),
+            ..Self::new(cap)
+        }
+    }
+
+    /// The histogram every sample also goes to, for `/metrics`.
+    pub fn histogram(&self) -> Option<&prometheus_client::metrics::histogram::Histogram> {
+        self.histogram.as_ref()
+    }
+
     pub fn record(&self, d: Duration) {
+        if let Some(h) = &self.histogram {
+            h.observe(d.as_secs_f64());
+        }
         let us = d.as_micros() as u64;
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_us.fetch_add(us, Ordering::Relaxed);
@@ -177,8 +198,8 @@ impl Default for ConsumeStats {
             deadlocks: Counter::default(),
             serialization_failures: Counter::default(),
             process_latency: Latencies::new(4096),
-            tx_latency: Latencies::new(4096),
-            pool_wait: Latencies::new(4096),
+            tx_latency: Latencies::with_histogram(4096, &crate::domain::meters::TX_BUCKETS),
+            pool_wait: Latencies::with_histogram(4096, &crate::domain::meters::POOL_WAIT_BUCKETS),
         }
     }
 }
@@ -240,6 +261,10 @@ pub struct LifecycleStats {
     pub projection_stale: Counter,
     pub sweep_canceled: Counter,
     pub sweep_released: Counter,
+    /// Deliveries the cancel and compensation inboxes had already settled
+    /// (`mq_duplicate_message_total` of those groups).
+    pub cancel_duplicates: Counter,
+    pub release_duplicates: Counter,
 }
 
 impl LifecycleStats {
@@ -447,6 +472,10 @@ pub struct LifecycleView {
     pub projection_stale: u64,
     pub sweep_canceled: u64,
     pub sweep_released: u64,
+    #[serde(default)]
+    pub cancel_duplicates: u64,
+    #[serde(default)]
+    pub release_duplicates: u64,
 }
 
 impl LifecycleView {
@@ -467,6 +496,8 @@ impl LifecycleView {
             projection_stale: s.projection_stale.get(),
             sweep_canceled: s.sweep_canceled.get(),
             sweep_released: s.sweep_released.get(),
+            cancel_duplicates: s.cancel_duplicates.get(),
+            release_duplicates: s.release_duplicates.get(),
         }
     }
 }
@@ -602,6 +633,8 @@ impl StatsView {
                 projection_stale: l.projection_stale + m.projection_stale,
                 sweep_canceled: l.sweep_canceled + m.sweep_canceled,
                 sweep_released: l.sweep_released + m.sweep_released,
+                cancel_duplicates: l.cancel_duplicates + m.cancel_duplicates,
+                release_duplicates: l.release_duplicates + m.release_duplicates,
             },
             consume: ConsumeView {
                 inflight: c.inflight + d.inflight,

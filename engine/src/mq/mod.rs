@@ -174,6 +174,8 @@ pub struct ConsumerSpec {
     /// Where the consumer has got to in each queue, for `/v1/stats`
     /// (docs/architecture.md §10.4).
     pub positions: Option<std::sync::Arc<position::Positions>>,
+    /// Counts every delivery by topic, group and answer (§11.1).
+    pub meters: Option<crate::domain::meters::Meters>,
 }
 
 impl ConsumerSpec {
@@ -190,6 +192,7 @@ impl ConsumerSpec {
             start_from: StartFrom::First,
             assigned: None,
             positions: None,
+            meters: None,
         }
     }
 }
@@ -225,6 +228,18 @@ pub struct LagDetail {
     /// The same lag, broker by broker (two brokers are first-class:
     /// docs/scaling.md), by broker name.
     pub per_broker: Vec<BrokerLag>,
+    /// The same lag, queue by queue: what a daemon's `mq_consumer_ready`
+    /// sums over the queues its client was assigned (§11.1).
+    pub queues: Vec<QueueBacklog>,
+}
+
+/// Messages after a group's consumer offset in one queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueBacklog {
+    pub topic: String,
+    pub broker: String,
+    pub queue_id: i32,
+    pub messages: i64,
 }
 
 /// One broker's part of a group's lag.

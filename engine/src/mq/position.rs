@@ -82,7 +82,7 @@ impl Lane {
 }
 
 /// Queues by (broker, queue id).
-type Queues = HashSet<(String, i32)>;
+pub type Queues = HashSet<(String, i32)>;
 
 /// Every queue of every consumer of this process.
 #[derive(Debug, Default)]
@@ -126,6 +126,13 @@ impl Positions {
             let q = (k.broker.clone(), k.queue_id);
             now.contains(&q) && before.contains(&q)
         });
+    }
+
+    /// The queues the client's last rebalance gave (group, topic) in this
+    /// process, as (broker, queue id); `None` until it told one.
+    pub fn assigned(&self, group: &str, topic: &str) -> Option<Queues> {
+        let assigned = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        assigned.get(&(group.to_owned(), topic.to_owned())).cloned()
     }
 
     /// Every queue's position, for `/v1/stats`.

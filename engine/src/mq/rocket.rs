@@ -8,6 +8,7 @@ use super::{
     BrokerInfo, ConsumeVerdict, ConsumerSpec, Handler, IncomingMessage, Lag, LagDetail,
     OutgoingMessage, Producer, SendOutcome, SendReceipt, StartFrom, TopicSpec, TopicType,
 };
+use crate::domain::meters::{Answer, Meters};
 use rocketmq_client_rust::{ArcMessageQueueListener, MessageQueueListener};
 use rocketmq_client_rust::{
     BrokerAdmin, ClientError, ClientResult, ClientRuntime, ConsumeConcurrentlyContext,
@@ -130,6 +131,9 @@ fn receipt(r: rocketmq_client_rust::SendResult) -> SendOutcome {
 #[derive(Clone)]
 pub struct RocketProducer {
     inner: DefaultMQProducer,
+    /// Every send counted by topic and outcome (docs/architecture.md
+    /// §11.1); the daemon's producer has them, a CLI's does not.
+    meters: Option<Meters>,
 }
 
 impl RocketProducer {
@@ -152,7 +156,24 @@ impl RocketProducer {
                 op: "producer start",
                 source,
             })?;
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            meters: None,
+        })
+    }
+
+    /// Counts every send of this producer and its clones into `meters`.
+    pub fn with_meters(self, meters: Meters) -> Self {
+        Self {
+            meters: Some(meters),
+            ..self
+        }
+    }
+
+    fn count(&self, topic: &str, n: usize, outcome: &SendOutcome, started: std::time::Instant) {
+        if let Some(m) = &self.meters {
+            m.sent(topic, outcome.label(), n as u64, started.elapsed());
+        }
     }
 
     /// Stops the shared client (every clone).
@@ -163,6 +184,23 @@ impl RocketProducer {
 
 impl Producer for RocketProducer {
     async fn send(&self, msg: OutgoingMessage, timeout: Duration) -> SendOutcome {
+        let (topic, started) = (msg.topic.clone(), std::time::Instant::now());
+        let outcome = self.send_one(msg, timeout).await;
+        self.count(&topic, 1, &outcome, started);
+        outcome
+    }
+
+    async fn send_batch(&self, msgs: Vec<OutgoingMessage>, timeout: Duration) -> SendOutcome {
+        let topic = msgs.first().map(|m| m.topic.clone()).unwrap_or_default();
+        let (n, started) = (msgs.len(), std::time::Instant::now());
+        let outcome = self.send_many(msgs, timeout).await;
+        self.count(&topic, n, &outcome, started);
+        outcome
+    }
+}
+
+impl RocketProducer {
+    async fn send_one(&self, msg: OutgoingMessage, timeout: Duration) -> SendOutcome {
         let msg = match to_message(msg) {
             Ok(m) => m,
             Err(e) => {
@@ -193,7 +231,7 @@ impl Producer for RocketProducer {
         }
     }
 
-    async fn send_batch(&self, msgs: Vec<OutgoingMessage>, timeout: Duration) -> SendOutcome {
+    async fn send_many(&self, msgs: Vec<OutgoingMessage>, timeout: Duration) -> SendOutcome {
         if msgs.is_empty() {
             return SendOutcome::DefiniteFailure {
                 cause: DefiniteCause::InvalidArgument,
@@ -268,8 +306,11 @@ fn incoming(m: &MessageExt) -> IncomingMessage {
 struct Listener<H> {
     handler: Arc<H>,
     rt: tokio::runtime::Handle,
+    group: String,
     /// Where each queue has got to (`None`: not tracked).
-    positions: Option<(String, Arc<Positions>)>,
+    positions: Option<Arc<Positions>>,
+    /// Deliveries counted by topic, group and answer (§11.1).
+    meters: Option<Meters>,
 }
 
 impl<H: Handler> MessageListenerConcurrently for Listener<H> {
@@ -279,6 +320,8 @@ impl<H: Handler> MessageListenerConcurrently for Listener<H> {
         ctx: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let batch: Vec<IncomingMessage> = msgs.iter().map(|m| incoming(m)).collect();
+        let q = ctx.get_message_queue();
+        let topic = q.topic().to_string();
         // One listener call holds one queue's messages, in offset order.
         let span = batch
             .iter()
@@ -286,17 +329,21 @@ impl<H: Handler> MessageListenerConcurrently for Listener<H> {
             .fold(None, |r: Option<(i64, i64)>, o| {
                 Some(r.map_or((o, o + 1), |(a, b)| (a.min(o), b.max(o + 1))))
             });
-        let lane = self.positions.as_ref().zip(span).map(|((group, p), span)| {
-            let q = ctx.get_message_queue();
+        let lane = self.positions.as_ref().zip(span).map(|(p, span)| {
             let key = QueueKey {
-                group: group.clone(),
-                topic: q.topic().to_string(),
+                group: self.group.clone(),
+                topic: topic.clone(),
                 broker: q.broker_name().to_string(),
                 queue_id: q.queue_id(),
             };
             p.started(key.clone(), span.0);
             (p, key, span)
         });
+        let n = batch.len() as u64;
+        if let Some(m) = &self.meters {
+            m.handed(&self.group, &topic, n);
+        }
+        let started = std::time::Instant::now();
         let handler = self.handler.clone();
         // The listener runs on a blocking thread of the engine's runtime
         // (ROCKETMQ.md), so blocking on the runtime here is allowed. The
@@ -309,6 +356,14 @@ impl<H: Handler> MessageListenerConcurrently for Listener<H> {
         // `%RETRY%` and moves on (its lag is measured there).
         if let Some((p, key, (start, end))) = lane {
             p.answered(key, start, end);
+        }
+        let answer = match &verdict {
+            Ok(ConsumeVerdict::Ack) => Answer::Ack,
+            Ok(ConsumeVerdict::Retry) => Answer::Retry,
+            Err(_) => Answer::Failed,
+        };
+        if let Some(m) = &self.meters {
+            m.answered(&self.group, &topic, n, answer, started.elapsed());
         }
         Ok(match verdict {
             Ok(ConsumeVerdict::Ack) => ConsumeConcurrentlyStatus::ConsumeSuccess,
@@ -387,14 +442,18 @@ impl RocketConsumer {
                 StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
                 StartFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
             })
-            .message_queue_listener((spec.assigned.is_some() || positions.is_some()).then(|| {
-                Arc::new(Assigned {
-                    group: spec.group.clone(),
-                    topic: spec.topic.clone(),
-                    tell: spec.assigned.clone(),
-                    positions: positions.clone(),
-                }) as ArcMessageQueueListener
-            }))
+            // The assignment is recorded even under a tag filter: it is what
+            // `mq_consumer_ready` sums over (§11.1).
+            .message_queue_listener((spec.assigned.is_some() || spec.positions.is_some()).then(
+                || {
+                    Arc::new(Assigned {
+                        group: spec.group.clone(),
+                        topic: spec.topic.clone(),
+                        tell: spec.assigned.clone(),
+                        positions: spec.positions.clone(),
+                    }) as ArcMessageQueueListener
+                },
+            ))
             .build();
         Box::pin(inner.subscribe(spec.topic.clone(), spec.tags.clone()))
             .await
@@ -402,10 +461,15 @@ impl RocketConsumer {
                 op: "subscribe",
                 source,
             })?;
+        if let Some(m) = &spec.meters {
+            m.declare_consumer(&spec.group, &spec.topic);
+        }
         inner.register_message_listener_concurrently(Listener {
             handler,
             rt: tokio::runtime::Handle::current(),
-            positions: positions.map(|p| (spec.group.clone(), p)),
+            group: spec.group.clone(),
+            positions,
+            meters: spec.meters.clone(),
         });
         Box::pin(inner.start())
             .await
@@ -724,6 +788,12 @@ impl RocketAdmin {
                     .map_or(told, |p| told.max((*p).min(head)));
                 d.broker_offsets += head;
                 d.consumer_offsets += consumer.min(head);
+                d.queues.push(super::QueueBacklog {
+                    topic: mq.topic().to_string(),
+                    broker: mq.broker_name().to_string(),
+                    queue_id: mq.queue_id(),
+                    messages: (head - consumer).max(0),
+                });
                 if head > consumer {
                     d.messages += head - consumer;
                     here.messages += head - consumer;

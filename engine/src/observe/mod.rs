@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::domain::clock::now_ms;
 use crate::domain::ids::ActivityId;
 use crate::domain::message::parse_order_create;
-use crate::domain::stats::{QueuePosition, StatsView};
+use crate::domain::stats::StatsView;
 use crate::mq::rocket::RocketAdmin;
 use crate::mq::{Names, TopicKind};
 use crate::reservation::ReservationStore;
@@ -78,6 +78,10 @@ pub struct GroupSample {
     /// The lag (topic and `%RETRY%`) broker by broker.
     #[serde(default)]
     pub per_broker: Vec<crate::mq::BrokerLag>,
+    /// The lag (topic and `%RETRY%`) queue by queue, for the daemon's own
+    /// `mq_consumer_ready` (§11.1); too long for the CLI's JSON.
+    #[serde(skip)]
+    pub queues: Vec<crate::mq::QueueBacklog>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -369,13 +373,12 @@ impl Observer {
                 // Every answering daemon as one: its positions are the
                 // furthest per queue.
                 let engine = StatsView::merge(asked.iter().filter_map(|s| s.stats.as_ref()));
-                let positions = Reported::of(engine.iter().flat_map(|e| &e.positions));
                 let groups = bounded(
                     limit,
                     groups(
                         self.admin.as_ref(),
                         &self.names,
-                        &positions,
+                        engine.as_ref(),
                         at_ms + horizon_ms,
                         self.head_probe,
                         self.head_queues,
@@ -473,7 +476,8 @@ use SourceFailure::NotConnected as DOWN;
 async fn groups(
     admin: Option<&RocketAdmin>,
     names: &Names,
-    positions: &Reported,
+    // The merged engines' view: where their consumers have got to (§10.4).
+    engines: Option<&StatsView>,
     expiring_before_ms: i64,
     head_probe: i32,
     head_queues: usize,
@@ -493,7 +497,7 @@ async fn groups(
                 &group,
                 probe,
                 head_queues,
-                &positions.of_topic(&group, &topic),
+                &positions_of(engines, &group, &topic),
             )
             .await
             .map_err(|source| SourceFailure::Group {
@@ -509,7 +513,7 @@ async fn groups(
                 &group,
                 1,
                 head_queues,
-                &positions.of_topic(&group, &retry_topic),
+                &positions_of(engines, &group, &retry_topic),
             )
             .await
             .unwrap_or_default();
@@ -529,6 +533,7 @@ async fn groups(
         }
         out.push(GroupSample {
             per_broker,
+            queues: main.queues.iter().chain(&retry.queues).cloned().collect(),
             group,
             topic,
             lag_messages: main.messages + retry.messages,
@@ -630,29 +635,14 @@ async fn registry(
 /// read during an incident, short enough that last week's restarts are gone.
 pub const DEAD_SHOWN: Duration = Duration::from_secs(600);
 
-/// The engines' queue positions (docs/architecture.md §10.4), as the
-/// merged view holds them (one per queue), by (group, topic).
-#[derive(Debug, Default)]
-struct Reported(BTreeMap<(String, String), BTreeMap<(String, i32), i64>>);
-
-impl Reported {
-    fn of<'a>(merged: impl IntoIterator<Item = &'a QueuePosition>) -> Self {
-        let mut all = Reported::default();
-        for q in merged {
-            all.0
-                .entry((q.group.clone(), q.topic.clone()))
-                .or_default()
-                .insert((q.broker.clone(), q.queue_id), q.offset);
-        }
-        all
-    }
-
-    fn of_topic(&self, group: &str, topic: &str) -> BTreeMap<(String, i32), i64> {
-        self.0
-            .get(&(group.to_owned(), topic.to_owned()))
-            .cloned()
-            .unwrap_or_default()
-    }
+/// The engines' queue positions of (group, topic) (docs/architecture.md
+/// §10.4); none without an engine.
+fn positions_of(
+    engines: Option<&StatsView>,
+    group: &str,
+    topic: &str,
+) -> BTreeMap<(String, i32), i64> {
+    engines.map_or_else(BTreeMap::new, |e| e.positions_of(group, topic))
 }
 
 fn live_count(rows: &[crate::ops::engines::EngineView]) -> u32 {

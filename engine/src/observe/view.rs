@@ -423,6 +423,7 @@ mod tests {
             oldest_valid_until_ms: None,
             expiring: 0,
             per_broker: Vec::new(),
+            queues: Vec::new(),
         }
     }
 

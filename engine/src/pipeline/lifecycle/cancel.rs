@@ -195,7 +195,7 @@ impl CancelConsumer {
                 self.stats.cancel_noop(*reason).add(1)
             }
             Settled::Rearmed { .. } => self.stats.cancel_noop(CancelNoop::NotYetDue).add(1),
-            Settled::AlreadyProcessed => {}
+            Settled::AlreadyProcessed => self.stats.cancel_duplicates.add(1),
         }
     }
 }

@@ -165,7 +165,10 @@ impl SettleEach for CompensationConsumer {
             .process(&msg, m.reconsume_times.max(0), m.property(PROP_REPLAY_ID))
             .await?;
         let outcome = match settled {
-            Settled::AlreadyProcessed => "ALREADY_PROCESSED",
+            Settled::AlreadyProcessed => {
+                self.stats.release_duplicates.add(1);
+                "ALREADY_PROCESSED"
+            }
             Settled::Released(o) => code(o),
         };
         trail::settled(&self.group, m, &msg.reservation_id, None, outcome);
