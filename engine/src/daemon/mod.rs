@@ -30,6 +30,7 @@ use crate::daemon::auth::Gate;
 use crate::daemon::governor::Governor;
 use crate::daemon::http::{AppState, admin_router, router};
 use crate::daemon::state::OpsDeps;
+use crate::daemon::state::Shared;
 use crate::domain::meters::Meters;
 use crate::domain::stats::{ConsumeStats, LifecycleStats, PublishStats};
 use crate::mq::position::Positions;
@@ -257,7 +258,7 @@ async fn start(
         consuming.clone(),
         ctx.cancel.clone(),
     ));
-    let state = AppState {
+    let state = AppState::new(Shared {
         ingress: Ingress::new(
             ctx.store.clone(),
             ctx.pool.clone(),
@@ -283,7 +284,7 @@ async fn start(
             admin_timeout: cfg.admin_timeout(),
             retention: cfg.dlq.broker_retention(),
         }),
-    };
+    });
     loops::spawn_redis_watch(
         ctx.pool.clone(),
         ctx.store.clone(),
