@@ -283,23 +283,9 @@ async fn stats(State(state): State<AppState>) -> Json<StatsView> {
 
 /// Prometheus text format (docs/architecture.md §11.1 names).
 async fn metrics(State(state): State<AppState>) -> Response {
-    use crate::daemon::metrics::{CONTENT_TYPE, Parts, Scrape, ready, render};
+    use crate::daemon::metrics::{CONTENT_TYPE, Parts, Scrape, readiness, render};
     let tick = state.governor.last();
-    let ready = tick
-        .iter()
-        .flat_map(|t| &t.sample.groups)
-        .filter_map(|g| {
-            let inflight = state.meters.inflight_of(&g.group, &g.topic)
-                + state
-                    .meters
-                    .inflight_of(&g.group, &crate::mq::topics::retry_topic(&g.group));
-            ready(
-                g,
-                |topic| state.positions.assigned(&g.group, topic),
-                inflight,
-            )
-        })
-        .collect();
+    let ready = readiness(tick.as_deref(), &state.positions, &state.meters);
     let body = render(Parts {
         meters: &state.meters,
         order_tx: state.consume.tx_latency.histogram(),

@@ -21,14 +21,15 @@ use crate::daemon::governor::Tick;
 use crate::decide::alerts::AlertState;
 use crate::domain::meters::{Meters, label_value};
 use crate::domain::stats::StatsView;
-use crate::mq::position::Queues;
-use crate::mq::{Names, QueueBacklog, TopicKind};
+use crate::mq::position::{Positions, Queues};
+use crate::mq::{Names, TopicKind};
 use crate::observe::{GroupSample, Sample as TickSample};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// The content type of the text [`render`] returns.
@@ -131,6 +132,21 @@ pub fn render(parts: Parts<'_>) -> String {
     out
 }
 
+/// `mq_consumer_ready` of every group the tick read, for this process:
+/// its queue assignment (`positions`) and what its listeners hold
+/// (`meters`, over the group's topic and its `%RETRY%`).
+pub fn readiness(tick: Option<&Tick>, positions: &Positions, meters: &Meters) -> Vec<Ready> {
+    let groups = tick.map(|t| t.sample.groups.as_slice()).unwrap_or(&[]);
+    groups
+        .iter()
+        .filter_map(|g| {
+            let inflight = meters.inflight_of(&g.group, &g.topic)
+                + meters.inflight_of(&g.group, &crate::mq::topics::retry_topic(&g.group));
+            ready(g, |topic| positions.assigned(&g.group, topic), inflight)
+        })
+        .collect()
+}
+
 /// `mq_consumer_ready` of one group (§11.1): over the queues the client's
 /// last rebalance gave this process (`assigned`, by topic: the group's
 /// topic and its `%RETRY%`), the messages after the consumer's position,
@@ -141,32 +157,28 @@ pub fn ready(
     assigned: impl Fn(&str) -> Option<Queues>,
     inflight: i64,
 ) -> Option<Ready> {
-    if g.queues.is_empty() {
+    let topics: HashSet<&str> = g.queues.iter().map(|q| q.topic.as_str()).collect();
+    let given: HashMap<&str, Queues> = topics
+        .into_iter()
+        .filter_map(|t| assigned(t).map(|q| (t, q)))
+        .collect();
+    if given.is_empty() {
         return None;
     }
-    let mut mine: Option<i64> = None;
-    let mut by_topic: std::collections::HashMap<&str, Option<Queues>> = Default::default();
-    for q in &g.queues {
-        let QueueBacklog {
-            topic,
-            broker,
-            queue_id,
-            messages,
-        } = q;
-        let given = by_topic
-            .entry(topic.as_str())
-            .or_insert_with(|| assigned(topic));
-        if let Some(given) = given {
-            let sum = mine.get_or_insert(0);
-            if given.contains(&(broker.clone(), *queue_id)) {
-                *sum += messages;
-            }
-        }
-    }
-    mine.map(|n| Ready {
+    let mine: i64 = g
+        .queues
+        .iter()
+        .filter(|q| {
+            given
+                .get(q.topic.as_str())
+                .is_some_and(|s| s.contains(&(q.broker.clone(), q.queue_id)))
+        })
+        .map(|q| q.messages)
+        .sum();
+    Some(Ready {
         group: g.group.clone(),
         topic: g.topic.clone(),
-        messages: (n - inflight).max(0),
+        messages: (mine - inflight).max(0),
     })
 }
 
@@ -532,6 +544,7 @@ mod tests {
     use crate::decide::scale::{Advice, BudgetInputs, ScaleInputs};
     use crate::domain::ids::ActivityId;
     use crate::domain::stats::{ConsumeView, GovernorView, Percentiles, PoolView, ResendView};
+    use crate::mq::QueueBacklog;
     use crate::observe::{DlqSample, GroupSample, PendingSample, Sample};
     use std::collections::HashSet;
 

@@ -192,26 +192,8 @@ impl Meters {
     pub fn declare_consumer(&self, group: &str, topic: &str) {
         let q = queue(group, topic);
         self.inflight.get_or_create(&q).inc_by(0);
-        for result in ["ACK", "RETRY"] {
-            self.answered
-                .get_or_create(&AnswerLabels {
-                    topic: q.topic.clone(),
-                    group: q.group.clone(),
-                    result,
-                })
-                .inc_by(0);
-        }
-        for reason in [Answer::Retry, Answer::Failed]
-            .iter()
-            .filter_map(|a| a.failure())
-        {
-            self.ack_failures
-                .get_or_create(&AckFailureLabels {
-                    topic: q.topic.clone(),
-                    group: q.group.clone(),
-                    reason,
-                })
-                .inc_by(0);
+        for answer in [Answer::Ack, Answer::Retry, Answer::Failed] {
+            self.count_answer(&q, answer, 0);
         }
     }
 
@@ -229,26 +211,31 @@ impl Meters {
         self.process_seconds
             .get_or_create(&q)
             .observe(took.as_secs_f64());
-        let QueueLabels { topic, group } = q;
+        self.count_answer(&q, answer, n);
+    }
+
+    /// `n` answers of one kind: the broker's verdict, and the reason when
+    /// it was not an acknowledgement.
+    fn count_answer(&self, q: &QueueLabels, answer: Answer, n: u64) {
+        self.answered
+            .get_or_create(&AnswerLabels {
+                topic: q.topic.clone(),
+                group: q.group.clone(),
+                result: answer.result(),
+            })
+            .inc_by(n);
         if let Some(reason) = answer.failure() {
             self.ack_failures
                 .get_or_create(&AckFailureLabels {
-                    topic: topic.clone(),
-                    group: group.clone(),
+                    topic: q.topic.clone(),
+                    group: q.group.clone(),
                     reason,
                 })
                 .inc_by(n);
         }
-        self.answered
-            .get_or_create(&AnswerLabels {
-                topic,
-                group,
-                result: answer.result(),
-            })
-            .inc_by(n);
     }
 
-    /// Messages of `group` in hand now, over every topic it reads.
+    /// Messages of `group` read from `topic` in hand now.
     pub fn inflight_of(&self, group: &str, topic: &str) -> i64 {
         self.inflight
             .get(&queue(group, topic))

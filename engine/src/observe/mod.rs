@@ -533,7 +533,7 @@ async fn groups(
         }
         out.push(GroupSample {
             per_broker,
-            queues: main.queues.iter().chain(&retry.queues).cloned().collect(),
+            queues: main.queues.into_iter().chain(retry.queues).collect(),
             group,
             topic,
             lag_messages: main.messages + retry.messages,
