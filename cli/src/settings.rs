@@ -194,6 +194,9 @@ fn validate(cfg: &Config) -> Result<()> {
             o.lease_ms
         );
     }
+    // Below the broker's retention a prune could take the inbox row of a
+    // message the broker can still redeliver (docs/architecture.md §16.2).
+    cfg.retention.validate(&cfg.dlq)?;
     if cfg.mq.send_timeout_ms == 0 || o.send_timeout_ms == 0 {
         bail!("[mq] send_timeout_ms and [outbox] send_timeout_ms must be above 0");
     }

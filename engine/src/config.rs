@@ -36,6 +36,7 @@ pub struct Config {
     pub outbox: OutboxConfig,
     pub lifecycle: LifecycleConfig,
     pub dlq: DlqConfig,
+    pub retention: RetentionConfig,
     /// docs/architecture.md §11.2 thresholds.
     pub alerts: crate::decide::alerts::AlertConfig,
     pub governor: GovernorConfig,
@@ -290,6 +291,59 @@ impl Default for DlqConfig {
     }
 }
 
+/// The automatic prune of the finished history (docs/architecture.md
+/// §16.2): the daemon holding the sweeps lease runs `db prune` over every
+/// table every `every_hours`, keeping `keep_hours`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// How often a run is due, counted from the last run that finished.
+    pub every_hours: u64,
+    /// How much history a run keeps: never less than `[dlq]
+    /// broker_retention_hours`, or an inbox row could go while the broker
+    /// can still redeliver its message.
+    pub keep_hours: u64,
+}
+
+impl RetentionConfig {
+    pub fn every(&self) -> Duration {
+        Duration::from_secs(self.every_hours.saturating_mul(3600))
+    }
+
+    pub fn keep(&self) -> Duration {
+        Duration::from_secs(self.keep_hours.saturating_mul(3600))
+    }
+
+    /// The section against the floor (`[dlq] broker_retention_hours`),
+    /// with the fix named.
+    pub fn validate(&self, dlq: &DlqConfig) -> Result<(), RetentionConfigError> {
+        crate::decide::retention::check_schedule(self.every(), self.keep(), dlq.broker_retention())
+            .map_err(|why| RetentionConfigError {
+                every_hours: self.every_hours,
+                keep_hours: self.keep_hours,
+                why,
+            })
+    }
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            every_hours: 24,
+            keep_hours: 14 * 24,
+        }
+    }
+}
+
+/// A `[retention]` section refused by [`RetentionConfig::validate`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("[retention] every_hours = {every_hours}, keep_hours = {keep_hours}: {why}")]
+pub struct RetentionConfigError {
+    pub every_hours: u64,
+    pub keep_hours: u64,
+    pub why: crate::decide::retention::Refusal,
+}
+
 /// The outbox publisher (docs/architecture.md §8): claims due `event_outbox` rows and
 /// sends them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -444,6 +498,7 @@ impl Default for Config {
             outbox: OutboxConfig::default(),
             lifecycle: LifecycleConfig::default(),
             dlq: DlqConfig::default(),
+            retention: RetentionConfig::default(),
             alerts: crate::decide::alerts::AlertConfig::default(),
             governor: GovernorConfig::default(),
             redis: RedisConfig::default(),
@@ -641,6 +696,32 @@ mod tests {
         assert_eq!(cfg.consumer_threads(), 1, "never zero");
         cfg.consumer.pg_share = 7.0;
         assert_eq!(cfg.consumer_threads(), 16, "share is clamped to the pool");
+    }
+
+    #[test]
+    fn retention_defaults_pass_and_the_floor_is_refused() {
+        let cfg = Config::default();
+        assert_eq!(cfg.retention.keep_hours, 336);
+        assert_eq!(cfg.retention.every_hours, 24);
+        assert_eq!(cfg.retention.validate(&cfg.dlq), Ok(()));
+        let below = RetentionConfig {
+            keep_hours: 48,
+            ..RetentionConfig::default()
+        };
+        let e = below.validate(&cfg.dlq).unwrap_err().to_string();
+        assert!(e.contains("keep_hours = 48"), "{e}");
+        assert!(e.contains("floor of 72 h"), "{e}");
+        // The floor follows the broker's retention.
+        let dlq = DlqConfig {
+            broker_retention_hours: 24,
+            ..DlqConfig::default()
+        };
+        assert_eq!(below.validate(&dlq), Ok(()));
+        let never = RetentionConfig {
+            every_hours: 0,
+            ..RetentionConfig::default()
+        };
+        assert!(never.validate(&cfg.dlq).is_err());
     }
 
     #[test]

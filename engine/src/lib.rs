@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | surface | `daemon/` | `seckillctl engine run`: every component started and stopped in one place; HTTP (`api` bodies, `http` handlers, the `auth` token gate, the `ops` operator API, `limits` and `body` for what a request may bring), `/metrics`, the governor's tick |
 //! | operations | `dlq/` | the mirror of `%DLQ%` groups, the entry state machine and its verifier, tickets, the webhook, guarded replay, rehearsal, discard |
-//! | | `ops/` | activities, the reconcile of the invariants, pipeline facts, reservation status, Redis state survey and restore, the quarantine |
+//! | | `ops/` | activities, the reconcile of the invariants, pipeline facts, reservation status, Redis state survey and restore, the quarantine, the prune of the finished history (retention) |
 //! | | `observe/` | samples of every component, the history and pure views the CLI, TUI and governor share, health probes |
 //! | stages | `pipeline/` | ingress, publish, scan, consume, outbox, order, lifecycle consumers, adaptive concurrency |
 //! | adapters | `reservation/` | the Redis Lua scripts, the reservation store, the epoch and restore of an activity's Redis state |
@@ -21,7 +21,7 @@
 //! | | `store/` | the PostgreSQL pool (migrations, schema guard), the Redis connection, the tokens and the operator audit log |
 //! | setup | `config.rs`, `runtime.rs` | layered configuration; the process's one runtime |
 //! | vocabulary | `domain/` | ids, statuses, message bodies, counters and the stats view, the clock |
-//! | | `decide/` | pure decisions: backlog, scale, alerts, admission, the send circuit, stalls, Redis state, replica acknowledgements |
+//! | | `decide/` | pure decisions: backlog, scale, alerts, admission, the send circuit, stalls, Redis state, replica acknowledgements, retention's floor and schedule |
 //!
 //! # The face
 //!
@@ -57,9 +57,9 @@ pub use config::{
     RegistryConfig, ScannerConfig, redact_url,
 };
 pub use daemon::api::{
-    ActivityBody, ApiError, CancelBody, DiscardBody, MAX_VERIFY_MS, OpError, OpReply, PayBody,
-    PayView, QuarantineDiscardBody, Queued, RehearseBody, ReplayBody, ReserveBody, RestoreBody,
-    StatusView, TicketBody, TicketReplayBody, post_op, post_op_within,
+    ActivityBody, ApiError, CancelBody, DiscardBody, EndBody, MAX_VERIFY_MS, OpError, OpReply,
+    PayBody, PayView, QuarantineDiscardBody, Queued, RehearseBody, ReplayBody, ReserveBody,
+    RestoreBody, StatusView, TicketBody, TicketReplayBody, post_op, post_op_within,
 };
 pub use daemon::metrics::METRIC_NAMES;
 pub use daemon::{DaemonError, Listeners, run as run_daemon};
@@ -100,7 +100,7 @@ pub use mq::{
 };
 pub use reservation::{
     MqStatus, ReleaseOutcome, ReplicaWait, Reservation, ReservationError, ReservationStore,
-    ReserveOutcome, ReserveRequest, SeedOutcome,
+    ReserveOutcome, ReserveRequest, RetireOutcome, Sale, SeedOutcome,
 };
 pub use store::db::{self, DbError, MigrationRow, MigrationState};
 pub use store::redis::{self as redis_conn, RedisConn, RedisError};
@@ -128,7 +128,7 @@ pub use observe::engines::{EngineSample, Seen};
 pub use observe::health::{self, ComponentHealth, HealthReport, HealthState};
 pub use observe::view::{self, BacklogRow, EngineRow, PendingRow, PgView, PoolRow, ServerRow};
 pub use observe::{History, Observation, Observer, RATE_SPAN, Sample, Source, SourceError, Watch};
-pub use ops::activity::{self, ActivityError, ActivityView, NewActivity};
+pub use ops::activity::{self, ActivityError, ActivityView, EndView, NewActivity, Retirement};
 pub use ops::engines::{self, EngineView, RoleView};
 pub use ops::facts::{self, PipelineFacts, SecondFacts};
 pub use ops::quarantine::{self, QuarantineError, Quarantined};
@@ -136,7 +136,16 @@ pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVe
 pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, RestoreRequest};
 pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};
 pub use ops::restore::{RestoreError, RestoreOn, restore_audited};
+// Retention of the finished history (docs/architecture.md §16.2).
+pub use config::{RetentionConfig, RetentionConfigError};
+pub use decide::retention::{PruneTable, REDELIVERY_SPAN, Refusal as RetentionRefusal};
+pub use ops::retention::{
+    self, Mark as RetentionMark, Progress as PruneProgress, PruneReport, PruneRequest,
+    RetentionError, RunBy, TableReport,
+};
 pub use ops::trace::{
     Anchor as TraceAnchor, Line as TraceLine, Sources as TraceSources, Story, TraceError,
     trace as trace_story,
 };
+/// What stops a long operation between its steps (`retention::prune`).
+pub use tokio_util::sync::CancellationToken;

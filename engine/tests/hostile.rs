@@ -289,7 +289,8 @@ fn inbox() -> impl Strategy<Value = Option<(InboxStatus, Option<String>)>> {
 
 prop_compose! {
     /// Any facts the pre-checks could be handed, sane or not: times
-    /// anywhere in chrono's range, retention up to u64 seconds, every
+    /// anywhere in chrono's range (the inbox's retention mark too, or
+    /// none), retention up to u64 seconds, every
     /// group and status, a body that parses or not.
     fn facts()(
         mirrored in any::<bool>(),
@@ -306,6 +307,7 @@ prop_compose! {
         parses in any::<bool>(),
         valid_ms in prop::option::of(any::<i64>()),
         now_ms in any::<i64>(),
+        horizon_ms in prop::option::of(any::<i64>()),
     ) -> Facts {
         let when = |ms: i64| Utc.timestamp_millis_opt(ms).single().unwrap_or(chrono::DateTime::<Utc>::MAX_UTC);
         Facts {
@@ -320,6 +322,7 @@ prop_compose! {
             schema: if parses { Ok(()) } else { Err(SchemaError::NotSeckillGroup) },
             valid_until: valid_ms.map(when),
             now: when(now_ms),
+            inbox_horizon: horizon_ms.map(when),
         }
     }
 }
@@ -345,6 +348,16 @@ proptest! {
                 prop_assert_eq!(p.level, w.level);
             }
         }
+        // inbox_kept (docs/architecture.md §16.2): blocks exactly a message
+        // of a group with an inbox (or of no known group) that died less
+        // than a day after the inbox's mark, and no --force lifts it.
+        let kept = v.iter().find(|x| x.check == Check::InboxKept).map(|x| x.level);
+        let may_be_gone = f.inbox_horizon.is_some_and(|h| {
+            f.kind.is_none_or(|k| k.has_inbox())
+                && h.checked_add_signed(chrono::Duration::days(1)).is_none_or(|l| f.dead_at < l)
+        });
+        prop_assert_eq!(kept == Some(Level::Block), may_be_gone);
+        prop_assert_eq!(kept == Some(Level::Pass), !may_be_gone);
         let blocked = v.iter().any(|x| x.level == Level::Block);
         let decision = replay::decide(&v, dry);
         prop_assert_eq!(decision == ReplayDecision::Blocked, blocked);

@@ -1,4 +1,4 @@
-//! `seckillctl activity create|show|restore`. Create and restore go
+//! `seckillctl activity create|show|restore|end`. Create, end and restore go
 //! through the engine's operator API with the CLI's token (docs/security.md:
 //! create is an operator's, a forced re-seed and a restore an admin's);
 //! `--direct` runs the same library calls over the database URL, audited
@@ -8,9 +8,9 @@ use crate::exit::UsageError;
 use crate::output::{OutputFormat, Tabular, new_table, render};
 use anyhow::{Result, bail};
 use seckill_engine::{
-    ActivityBody, ActivityId, ActivityView, ClientRuntime, Config, MAX_VERIFY_MS, Names,
-    ReservationStore, RestoreBody, RestoreOn, RestoreReport, RestoreRequest, RocketAdmin, SkuId,
-    activity, db, redis_conn, restore_audited,
+    ActivityBody, ActivityId, ActivityView, ClientRuntime, Config, EndBody, EndView, MAX_VERIFY_MS,
+    Names, ReservationStore, RestoreBody, RestoreOn, RestoreReport, RestoreRequest, RocketAdmin,
+    SkuId, activity, db, redis_conn, restore_audited,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +45,22 @@ pub enum ActivityCmd {
     Show {
         #[arg(long)]
         activity: ActivityId,
+        #[arg(long, short, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// End a sale: from then on (at most 5 s later on every engine) new
+    /// reservations get 410 ACTIVITY_ENDED, a retried request_id still gets
+    /// its reservation; once every order is decided the sweeps retire the
+    /// activity from Redis (audited)
+    End {
+        #[arg(long)]
+        activity: ActivityId,
+        /// End this long from now rather than now
+        #[arg(long = "in", value_parser = crate::parse::duration, default_value = "0s")]
+        within: Duration,
+        /// Why (kept in the audit log)
+        #[arg(long)]
+        reason: String,
         #[arg(long, short, value_enum, default_value_t)]
         output: OutputFormat,
     },
@@ -92,6 +108,26 @@ impl Tabular for RestoreReport {
     }
 }
 
+impl Tabular for EndView {
+    fn table(&self) -> comfy_table::Table {
+        let mut t = new_table(["ACTIVITY", "ENDS AT"]);
+        t.add_row([
+            self.activity_id.to_string(),
+            self.ends_at.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string(),
+        ]);
+        t
+    }
+
+    fn footer(&self) -> Vec<String> {
+        let said = if self.already_ended {
+            "it was already ended no later than that; nothing changed"
+        } else {
+            "every engine refuses new reservations from then on (within 5 s); the sweeps retire it from Redis once every order is decided"
+        };
+        vec![format!("activity {}: {said}", self.activity_id)]
+    }
+}
+
 impl Tabular for ActivityView {
     fn table(&self) -> comfy_table::Table {
         let mut t = new_table([
@@ -114,14 +150,21 @@ impl Tabular for ActivityView {
     }
 
     fn footer(&self) -> Vec<String> {
-        vec![format!(
+        let mut lines = vec![format!(
             "activity {}: valid for {} s, pay within {} s; Redis live reservations {}, pending sends {}",
             self.activity_id,
             self.valid_for_ms / 1000,
             self.pay_within_ms / 1000,
             self.redis_live_reservations,
             self.redis_pending
-        )]
+        )];
+        let at = |t: &chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+        match (&self.ends_at, &self.retired_at) {
+            (_, Some(r)) => lines.push(format!("ended and retired from Redis at {}", at(r))),
+            (Some(e), None) => lines.push(format!("the sale ends (or ended) at {}", at(e))),
+            (None, None) => {}
+        }
+        lines
     }
 }
 
@@ -129,6 +172,7 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
     match &cmd {
         ActivityCmd::Create { .. } => crate::access::writable(cfg, "activity create")?,
         ActivityCmd::Restore { .. } => crate::access::writable(cfg, "activity restore")?,
+        ActivityCmd::End { .. } => crate::access::writable(cfg, "activity end")?,
         ActivityCmd::Show { .. } => {}
     }
     // Mutations go through the engine's operator API with the CLI's token
@@ -165,6 +209,21 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
                 let reply = crate::remote::post_within(cfg, &path, &body, within).await?;
                 let report: RestoreReport = crate::remote::answer(reply)?;
                 return render(&mut std::io::stdout().lock(), output, &report);
+            }
+            ActivityCmd::End {
+                activity,
+                within,
+                reason,
+                output,
+            } => {
+                let body = EndBody {
+                    in_ms: u64::try_from(within.as_millis()).unwrap_or(u64::MAX),
+                    reason,
+                };
+                let path = format!("/v1/ops/activities/{activity}/end");
+                let reply = crate::remote::post(cfg, &path, &body).await?;
+                let view: EndView = crate::remote::answer(reply)?;
+                return render(&mut std::io::stdout().lock(), output, &view);
             }
             ActivityCmd::Show { .. } => {}
         }
@@ -204,6 +263,15 @@ pub async fn run(cmd: ActivityCmd, cfg: &Config, rt: Arc<ClientRuntime>) -> Resu
             let a = b.new_activity();
             let view =
                 activity::create_audited(&pool, &store, &a, b.reason.as_deref(), &actor).await?;
+            render(&mut std::io::stdout().lock(), output, &view)
+        }
+        ActivityCmd::End {
+            activity,
+            within,
+            reason,
+            output,
+        } => {
+            let view = activity::end_audited(&pool, activity, within, &reason, &actor).await?;
             render(&mut std::io::stdout().lock(), output, &view)
         }
         ActivityCmd::Show { activity, output } => render(

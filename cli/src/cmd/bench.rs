@@ -351,6 +351,10 @@ async fn flash_sale(
     .await?;
     let pipeline = facts::collect(&env.pool, &env.store, args.activity).await?;
     let (peak_lag, backlog) = lag.stop().await;
+    // The sale is over: end it, so the sweeps retire it from Redis once its
+    // orders are decided and the next sale's cost does not carry this one
+    // (docs/architecture.md §16.3).
+    activity::end(&env.pool, args.activity, Duration::ZERO).await?;
 
     let lifecycle = match args.pay_share {
         Some(share) => Some(pay_and_settle(&args, &env.pool, &env.pay_http, share).await?),

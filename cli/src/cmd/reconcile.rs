@@ -26,6 +26,7 @@ impl Tabular for Report {
                 match c.verdict {
                     Verdict::Pass => "PASS".to_owned(),
                     Verdict::Fail => "FAIL".to_owned(),
+                    Verdict::NotApplicable => "N/A".to_owned(),
                 },
                 c.evidence.clone(),
                 c.counterexamples.join(", "),

@@ -692,9 +692,13 @@ async fn rolling_restart(stage: &mut Stage, crowd: &Crowd) -> Result<Injected> {
             let mut runs: Vec<HealthRun> = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let during = restarting.load(std::sync::atomic::Ordering::Relaxed);
-                let (code, out) = runner
-                    .on_registry(&["health", "--window", "500ms", "-o", "json"])
-                    .await?;
+                // Health's own default window (1 s), the daemon's tick: the
+                // window the paging alert (`seckill_alert_state`) is judged
+                // over (docs/architecture.md §11.2). A shorter one asks more
+                // of a restart than anything that pages: each restart moves
+                // queues twice, and rocketmq-client-rust starts a moved
+                // queue's first pull 500 ms after its rebalance (§14.4).
+                let (code, out) = runner.on_registry(&["health", "-o", "json"]).await?;
                 runs.push(HealthRun::read(during, code, json_part(&out)));
                 // One run a second: on-call's cadence, and the box's two
                 // cores stay with the sale.

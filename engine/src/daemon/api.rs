@@ -167,6 +167,16 @@ pub struct ActivityBody {
     pub reason: Option<String>,
 }
 
+/// `POST /v1/ops/activities/{id}/end` (role operator): stop the sale's
+/// reservations `in_ms` from now (0: now); the answer is an `EndView`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndBody {
+    #[serde(default)]
+    pub in_ms: u64,
+    pub reason: String,
+}
+
 impl ActivityBody {
     /// The seeding this body asks for; the reason goes to the audit row.
     pub fn new_activity(&self) -> crate::ops::activity::NewActivity {

@@ -74,6 +74,7 @@ pub fn router(state: AppState, gate: Arc<Gate>, http: &HttpConfig) -> Router {
                 .route("/v1/ops/dlq/rehearse", post(ops::rehearse))
                 .route("/v1/ops/tickets/{id}/replay", post(ops::replay_ticket))
                 .route("/v1/ops/activities", post(ops::activity_create))
+                .route("/v1/ops/activities/{id}/end", post(ops::activity_end))
                 .route(
                     "/v1/ops/quarantine/{id}/discard",
                     post(ops::quarantine_discard),
@@ -181,6 +182,8 @@ async fn reserve(
                 Refusal::RequestIdConflict | Refusal::SoldOut | Refusal::DuplicateUser => {
                     StatusCode::CONFLICT
                 }
+                // Gone for good: a client should stop retrying (§16.3).
+                Refusal::ActivityEnded(_) => StatusCode::GONE,
             };
             reject(status, refusal.code(), refusal.to_string())
         }

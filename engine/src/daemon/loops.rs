@@ -45,6 +45,7 @@ pub(super) fn spawn_sweeps(
     } = deps;
     tracker.spawn(async move {
         let every = Duration::from_millis(cfg.sweep_interval_ms.max(100));
+        let mut last_retire: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -68,8 +69,43 @@ pub(super) fn spawn_sweeps(
                 )
             })
             .await;
+            if last_retire.is_none_or(|at| at.elapsed() >= RETIRE_EVERY) {
+                last_retire = Some(std::time::Instant::now());
+                retire(&pool, &store).await;
+            }
         }
     });
+}
+
+/// How often the sweeps' holder looks for ended activities to retire: an
+/// activity waits a minute past its validity anyway (§16.3).
+const RETIRE_EVERY: Duration = Duration::from_secs(5);
+
+/// One retirement pass (docs/architecture.md §16.3); a failure waits for
+/// the next pass, since nothing is lost by retiring later.
+async fn retire(pool: &sqlx::PgPool, store: &ReservationStore) {
+    match crate::ops::activity::retire_due(pool, store, 20).await {
+        Ok(done) => {
+            for r in done {
+                match r.outcome {
+                    crate::reservation::RetireOutcome::Retired => {
+                        tracing::info!(
+                            activity = r.activity_id.0,
+                            "RETIRED: the ended activity left Redis"
+                        );
+                    }
+                    crate::reservation::RetireOutcome::Pending(n) => {
+                        tracing::info!(
+                            activity = r.activity_id.0,
+                            pending = n,
+                            "retirement waits for pending sends"
+                        );
+                    }
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "retirement pass failed"),
+    }
 }
 
 /// Runs `pass` again while it settles a full batch (and the daemon is not

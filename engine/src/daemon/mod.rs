@@ -22,6 +22,7 @@ mod ops;
 mod parts;
 mod registry;
 mod restart;
+mod retention;
 mod singleton;
 mod state;
 
@@ -466,6 +467,14 @@ async fn start_safety_nets(
     loops::spawn_webhook(
         ctx.pool.clone(),
         &cfg.dlq,
+        elected.clone(),
+        &ctx.tracker,
+        ctx.cancel.clone(),
+    );
+    retention::spawn_retention(
+        ctx.pool.clone(),
+        cfg.retention.clone(),
+        cfg.dlq.broker_retention(),
         elected.clone(),
         &ctx.tracker,
         ctx.cancel.clone(),

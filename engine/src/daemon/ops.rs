@@ -9,7 +9,7 @@
 //! while they wait, never longer than [`MAX_VERIFY_MS`].
 
 use crate::daemon::api::{
-    ActivityBody, CancelBody, DiscardBody, MAX_VERIFY_MS, PayView, QuarantineDiscardBody,
+    ActivityBody, CancelBody, DiscardBody, EndBody, MAX_VERIFY_MS, PayView, QuarantineDiscardBody,
     RehearseBody, ReplayBody, RestoreBody, TicketBody, TicketReplayBody,
 };
 use crate::daemon::auth::decide;
@@ -301,12 +301,37 @@ fn activity_refused(e: ActivityError) -> Response {
         ActivityError::AlreadyExists { .. }
         | ActivityError::HasOrders { .. }
         | ActivityError::LiveReservations { .. } => (StatusCode::CONFLICT, "REFUSED"),
-        ActivityError::NoReason => (StatusCode::BAD_REQUEST, "NO_REASON"),
-        ActivityError::BadStock(_) | ActivityError::BadWindow { .. } => {
+        ActivityError::NoReason | ActivityError::EndNeedsReason => {
+            (StatusCode::BAD_REQUEST, "NO_REASON")
+        }
+        ActivityError::BadStock(_) | ActivityError::BadWindow { .. } | ActivityError::BadEnd(_) => {
             (StatusCode::BAD_REQUEST, "BAD_FIGURES")
         }
+        ActivityError::Ended { .. } => (StatusCode::CONFLICT, "ENDED"),
     };
     reject(status, code, e.to_string())
+}
+
+/// `POST /v1/ops/activities/{id}/end` (operator): ends the sale now or
+/// `in_ms` from now (docs/architecture.md §16.3); the answer is an `EndView`.
+pub(super) async fn activity_end(
+    State(state): State<AppState>,
+    Extension(actor): Extension<Actor>,
+    Path(id): Path<String>,
+    JsonBody(b): JsonBody<EndBody>,
+) -> Response {
+    let Ok(activity) = id.parse::<ActivityId>() else {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "BAD_ACTIVITY_ID",
+            "activity id must be a positive integer",
+        );
+    };
+    let within = Duration::from_millis(b.in_ms);
+    match activity::end_audited(&state.pool, activity, within, &b.reason, &actor).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => activity_refused(e),
+    }
 }
 
 /// `POST /v1/ops/activities/{id}/restore` (admin): the restore of
@@ -370,6 +395,9 @@ pub(super) async fn activity_restore(
                 }
                 RestoreError::State(RedisStateError::Intact { .. }) => {
                     (StatusCode::CONFLICT, "INTACT")
+                }
+                RestoreError::State(RedisStateError::Retired(_)) => {
+                    (StatusCode::CONFLICT, "RETIRED")
                 }
                 RestoreError::NotDrained { .. } => (StatusCode::CONFLICT, "NOT_DRAINED"),
             };

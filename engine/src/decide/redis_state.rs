@@ -3,6 +3,14 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How long an ended activity waits past its end plus its validity window
+/// before it may retire (docs/architecture.md §16.3): a reservation
+/// admitted just before the end is still deciding its order then, and the
+/// engines' facts are up to `FACTS_FRESH` (5 s) old. The Redis-state watch
+/// leaves an ended activity out from the same moment, so the retirement's
+/// deleted epoch never reads as lost state.
+pub const RETIRE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum RedisState {

@@ -4,10 +4,12 @@
 
 use crate::domain::auth::Actor;
 use crate::domain::ids::{ActivityId, SkuId};
-use crate::reservation::{ReservationError, ReservationStore, SeedOutcome};
+use crate::reservation::{ReservationError, ReservationStore, RetireOutcome, SeedOutcome};
 use crate::store::audit;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Postgres, Transaction};
+use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ActivityError {
@@ -44,6 +46,17 @@ pub enum ActivityError {
     },
     #[error("--force re-seeds stock under a running sale: --reason must say why")]
     NoReason,
+    #[error("ending a sale stops its reservations: --reason must say why")]
+    EndNeedsReason,
+    #[error("--in must be at most 7 days, got {0:?}")]
+    BadEnd(Duration),
+    #[error(
+        "activity {activity} ended at {ends_at}; an ended sale cannot be seeded again: create a new activity id"
+    )]
+    Ended {
+        activity: ActivityId,
+        ends_at: DateTime<Utc>,
+    },
     #[error(transparent)]
     Db(#[from] sqlx::Error),
     #[error(transparent)]
@@ -77,6 +90,12 @@ pub struct ActivityView {
     pub redis_live_reservations: u64,
     pub redis_pending: u64,
     pub skus: Vec<SkuStock>,
+    /// When `activity end` ends (or ended) the sale (docs/architecture.md §16.3).
+    #[serde(default)]
+    pub ends_at: Option<DateTime<Utc>>,
+    /// When the sweeps took it out of Redis (§16.3).
+    #[serde(default)]
+    pub retired_at: Option<DateTime<Utc>>,
 }
 
 pub use crate::reservation::MAX_WINDOW_MS;
@@ -85,7 +104,8 @@ pub use crate::reservation::MAX_WINDOW_MS;
 /// after the commit, running the command again with `--force` repairs it.
 ///
 /// The checks run before anything is written, in this order: the figures,
-/// Redis' live reservations, then under the inventory row's lock the
+/// under the activity row's lock that the sale has not ended, Redis' live
+/// reservations, then under the inventory row's lock the
 /// existing stock on both sides and the orders (docs/architecture.md §12:
 /// conservation must hold from the first request).
 pub async fn create(
@@ -94,8 +114,9 @@ pub async fn create(
     a: &NewActivity,
 ) -> Result<ActivityView, ActivityError> {
     check_figures(a)?;
-    check_no_live_reservations(store, a.activity).await?;
     let mut tx = pool.begin().await?;
+    check_not_ended(&mut tx, a.activity).await?;
+    check_no_live_reservations(store, a.activity).await?;
     check_not_seeded(&mut tx, store, a).await?;
     check_no_orders(&mut tx, a).await?;
     write_pg(&mut tx, a).await?;
@@ -182,6 +203,23 @@ async fn check_no_live_reservations(
         });
     }
     Ok(())
+}
+
+/// An ended sale stays ended: seeding it again would reopen it under the
+/// retirement's feet (docs/architecture.md §16.3). Locks the activity row.
+async fn check_not_ended(
+    tx: &mut Transaction<'static, Postgres>,
+    activity: ActivityId,
+) -> Result<(), ActivityError> {
+    let ends_at: Option<Option<DateTime<Utc>>> =
+        sqlx::query_scalar("SELECT ends_at FROM activities WHERE activity_id = $1 FOR UPDATE")
+            .bind(activity)
+            .fetch_optional(&mut **tx)
+            .await?;
+    match ends_at.flatten() {
+        Some(ends_at) => Err(ActivityError::Ended { activity, ends_at }),
+        None => Ok(()),
+    }
 }
 
 /// Neither side holds stock for this SKU yet, unless `--force`. Locks the
@@ -281,12 +319,14 @@ pub async fn show(
     store: &ReservationStore,
     activity: ActivityId,
 ) -> Result<ActivityView, ActivityError> {
-    let row: Option<(i64, i64)> =
-        sqlx::query_as("SELECT valid_for_ms, pay_within_ms FROM activities WHERE activity_id = $1")
-            .bind(activity)
-            .fetch_optional(pool)
-            .await?;
-    let Some((valid_for_ms, pay_within_ms)) = row else {
+    type Row = (i64, i64, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT valid_for_ms, pay_within_ms, ends_at, retired_at FROM activities WHERE activity_id = $1",
+    )
+    .bind(activity)
+    .fetch_optional(pool)
+    .await?;
+    let Some((valid_for_ms, pay_within_ms, ends_at, retired_at)) = row else {
         return Err(ActivityError::NotFound(activity));
     };
     let rows = pg_stock(pool, activity).await?;
@@ -307,5 +347,149 @@ pub async fn show(
         redis_live_reservations: store.live_reservations(activity).await?,
         redis_pending: store.pending_count(activity).await?,
         skus,
+        ends_at,
+        retired_at,
     })
+}
+
+/// What `activity end` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EndView {
+    pub activity_id: ActivityId,
+    /// When reservations stop: now plus `--in`, or the earlier end an
+    /// earlier call already set.
+    pub ends_at: DateTime<Utc>,
+    /// An earlier `activity end` had already set an end no later than this
+    /// one asked for; nothing changed.
+    pub already_ended: bool,
+}
+
+/// The longest `--in` of an `activity end`.
+pub const MAX_END_IN: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Ends a sale at PostgreSQL's `now() + within` (docs/architecture.md
+/// §16.3). Every engine's ingress answers `410 ACTIVITY_ENDED` to new
+/// requests from then on, at most [`crate::pipeline::ingress::FACTS_FRESH`]
+/// later; a request it saw before still gets its reservation back. An
+/// end only ever moves earlier: a second call cannot reopen a sale.
+pub async fn end(
+    pool: &PgPool,
+    activity: ActivityId,
+    within: Duration,
+) -> Result<EndView, ActivityError> {
+    if within > MAX_END_IN {
+        return Err(ActivityError::BadEnd(within));
+    }
+    let within_ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+    let row: Option<(DateTime<Utc>, bool)> = sqlx::query_as(
+        "WITH asked AS (SELECT now() + $2 * interval '1 millisecond' AS at),
+              before AS (SELECT ends_at FROM activities WHERE activity_id = $1 FOR UPDATE)
+         UPDATE activities a SET ends_at = LEAST(COALESCE(b.ends_at, asked.at), asked.at),
+                updated_at = now()
+         FROM asked, before b
+         WHERE a.activity_id = $1
+         RETURNING a.ends_at, b.ends_at IS NOT NULL AND b.ends_at <= asked.at",
+    )
+    .bind(activity)
+    .bind(within_ms)
+    .fetch_optional(pool)
+    .await?;
+    let Some((ends_at, already_ended)) = row else {
+        return Err(ActivityError::NotFound(activity));
+    };
+    Ok(EndView {
+        activity_id: activity,
+        ends_at,
+        already_ended,
+    })
+}
+
+/// [`end`], audited; the reason is required (docs/security.md, "What is
+/// audited"). The CLI's `--direct` path and the operator API call this.
+pub async fn end_audited(
+    pool: &PgPool,
+    activity: ActivityId,
+    within: Duration,
+    reason: &str,
+    actor: &Actor,
+) -> Result<EndView, ActivityError> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(ActivityError::EndNeedsReason);
+    }
+    let entry = audit::Entry::new("activity end", vec![activity.to_string()])
+        .reason(Some(reason))
+        .before(serde_json::json!({ "in_ms": within.as_millis() as u64 }));
+    let id = audit::open(pool, actor, &entry).await?;
+    let done = end(pool, activity, within).await;
+    audit::finish(pool, id, &done).await?;
+    done
+}
+
+pub use crate::decide::redis_state::RETIRE_GRACE;
+
+/// How long a retired activity's stock and buyers keys stay in Redis: a
+/// late compensation still finds the buyer to free, and reads still see
+/// the final stock. The reservation hashes keep their own physical TTL.
+pub const RETIRED_KEYS_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// One activity the retirement pass looked at.
+#[derive(Debug, Clone, Serialize)]
+pub struct Retirement {
+    pub activity_id: ActivityId,
+    pub outcome: RetireOutcome,
+}
+
+/// Ended activities whose every order is decided: past end + validity +
+/// [`RETIRE_GRACE`], no unpaid order (its cancel must still give a unit
+/// back to Redis), no pending compensation. PostgreSQL's clock decides.
+const RETIRABLE: &str = "SELECT a.activity_id FROM activities a
+     WHERE a.retired_at IS NULL AND a.ends_at IS NOT NULL
+       AND a.ends_at + (a.valid_for_ms + $1) * interval '1 millisecond' < now()
+       AND NOT EXISTS (SELECT 1 FROM orders o
+                       WHERE o.activity_id = a.activity_id AND o.status IN ('CREATED', 'PAYING'))
+       AND NOT EXISTS (SELECT 1 FROM compensation_tasks c
+                       WHERE c.activity_id = a.activity_id AND c.status = 'PENDING')
+     ORDER BY a.ends_at LIMIT $2";
+
+/// The sweeps' retirement pass (docs/architecture.md §16.3): each
+/// retirable activity leaves Redis (`retire.lua` refuses while a
+/// reservation waits for its send, checked inside the script so a late
+/// one cannot slip in), then `retired_at` is stamped, which the
+/// Redis-state watch reads to leave it out. A crash between the two runs
+/// the script again next pass, to the same effect.
+pub async fn retire_due(
+    pool: &PgPool,
+    store: &ReservationStore,
+    limit: i64,
+) -> Result<Vec<Retirement>, ActivityError> {
+    let grace_ms = i64::try_from(RETIRE_GRACE.as_millis()).unwrap_or(i64::MAX);
+    let due: Vec<ActivityId> = sqlx::query_scalar(RETIRABLE)
+        .bind(grace_ms)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    let mut done = Vec::with_capacity(due.len());
+    for activity in due {
+        let skus: Vec<SkuId> =
+            sqlx::query_scalar("SELECT sku_id FROM inventory WHERE activity_id = $1")
+                .bind(activity)
+                .fetch_all(pool)
+                .await?;
+        let outcome = store.retire(activity, &skus, RETIRED_KEYS_TTL).await?;
+        if outcome == RetireOutcome::Retired {
+            sqlx::query(
+                "UPDATE activities SET retired_at = now(), updated_at = now()
+                 WHERE activity_id = $1 AND retired_at IS NULL",
+            )
+            .bind(activity)
+            .execute(pool)
+            .await?;
+        }
+        done.push(Retirement {
+            activity_id: activity,
+            outcome,
+        });
+    }
+    Ok(done)
 }

@@ -33,6 +33,22 @@ pub enum RedisStateError {
     },
     #[error("--reason must say why (it is kept in redis_epochs)")]
     BlankReason,
+    #[error(
+        "activity {0} ended and was retired: its Redis keys were let go on purpose (docs/architecture.md §16.3), so there is nothing to restore"
+    )]
+    Retired(ActivityId),
+}
+
+/// Whether the sweeps retired `activity` (docs/architecture.md §16.3):
+/// its Redis keys then expire on purpose, so neither a restore nor
+/// reconcile's Redis checks apply to it.
+pub async fn retired(pool: &PgPool, activity: ActivityId) -> Result<bool, sqlx::Error> {
+    let at: Option<Option<DateTime<Utc>>> =
+        sqlx::query_scalar("SELECT retired_at FROM activities WHERE activity_id = $1")
+            .bind(activity)
+            .fetch_optional(pool)
+            .await?;
+    Ok(at.flatten().is_some())
 }
 
 /// One activity's Redis state, as the survey found it.
@@ -88,12 +104,21 @@ pub async fn begin_epoch(
 
 /// The latest epoch of every live activity: one that still has stock to
 /// sell or an unpaid order whose cancel must give its unit back to Redis.
-/// A finished sale has nothing left in Redis to lose.
+/// A finished sale has nothing left in Redis to lose, and neither has an
+/// ended one past its validity and the retirement's grace: its ingress
+/// refuses before Redis is asked, and its retirement deletes the epoch on
+/// purpose (docs/architecture.md §16.3), so it is left out from that
+/// moment, before `retired_at` is stamped. Twice a second per daemon: it
+/// reads `orders_by_activity_status`, never a past sale's orders (§16.1).
 const LIVE_EPOCHS: &str = "SELECT e.activity_id, e.epoch, e.started_at FROM (
         SELECT DISTINCT ON (activity_id) activity_id, epoch, started_at
         FROM redis_epochs ORDER BY activity_id, epoch DESC) e
-     WHERE EXISTS (SELECT 1 FROM inventory i WHERE i.activity_id = e.activity_id AND i.available_stock > 0)
-        OR EXISTS (SELECT 1 FROM orders o WHERE o.activity_id = e.activity_id AND o.status IN ('CREATED', 'PAYING'))
+     JOIN activities a ON a.activity_id = e.activity_id
+     WHERE a.retired_at IS NULL
+       AND (a.ends_at IS NULL
+            OR a.ends_at + (a.valid_for_ms + $1) * interval '1 millisecond' >= now())
+       AND (EXISTS (SELECT 1 FROM inventory i WHERE i.activity_id = e.activity_id AND i.available_stock > 0)
+         OR EXISTS (SELECT 1 FROM orders o WHERE o.activity_id = e.activity_id AND o.status IN ('CREATED', 'PAYING')))
      ORDER BY e.activity_id";
 
 const ONE_EPOCH: &str = "SELECT activity_id, epoch, started_at FROM redis_epochs
@@ -104,8 +129,11 @@ pub async fn survey(
     pool: &PgPool,
     store: &ReservationStore,
 ) -> Result<Vec<ActivityRedis>, RedisStateError> {
-    let rows: Vec<(ActivityId, i64, DateTime<Utc>)> =
-        sqlx::query_as(LIVE_EPOCHS).fetch_all(pool).await?;
+    let grace_ms = i64::try_from(crate::decide::redis_state::RETIRE_GRACE.as_millis()).unwrap_or(0);
+    let rows: Vec<(ActivityId, i64, DateTime<Utc>)> = sqlx::query_as(LIVE_EPOCHS)
+        .bind(grace_ms)
+        .fetch_all(pool)
+        .await?;
     judge_rows(store, rows).await
 }
 

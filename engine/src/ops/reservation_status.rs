@@ -4,7 +4,7 @@
 //! truth of the reservation (docs/architecture.md §4); until either exists, a
 //! reservation that Redis still holds is QUEUED.
 
-use crate::domain::ids::ReservationId;
+use crate::domain::ids::{ActivityId, ReservationId};
 use crate::domain::status::{OrderStatus, ReservationOutcome};
 use crate::reservation::{MqStatus, ReservationError, ReservationStore};
 use serde::{Deserialize, Serialize};
@@ -133,12 +133,19 @@ pub async fn lookup(
             return Ok(Some(view_status(v.status)));
         }
     }
-    let outcome: Option<ReservationOutcome> =
-        sqlx::query_scalar("SELECT outcome FROM reservations WHERE reservation_id = $1")
+    let outcome: Option<(ReservationOutcome, ActivityId)> =
+        sqlx::query_as("SELECT outcome, activity_id FROM reservations WHERE reservation_id = $1")
             .bind(id)
             .fetch_optional(pool)
             .await?;
-    if let Some(o) = outcome {
+    if let Some((o, activity)) = outcome {
+        // A retired activity left the set above (docs/architecture.md
+        // §16.3), but its order's projection outlives it.
+        if !activities.contains(&activity)
+            && let Some(v) = store.order_view(activity, id).await?
+        {
+            return Ok(Some(view_status(v.status)));
+        }
         return Ok(Some(o.into()));
     }
     for activity in activities {

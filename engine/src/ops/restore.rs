@@ -79,6 +79,9 @@ async fn restore(
         admin,
         names,
     } = *on;
+    if redis_state::retired(pool, req.activity).await? {
+        return Err(RedisStateError::Retired(req.activity).into());
+    }
     match redis_state::survey_one(pool, store, req.activity).await? {
         None => return Err(RedisStateError::NotSeeded(req.activity).into()),
         Some(s) if !s.state.refuses() => {

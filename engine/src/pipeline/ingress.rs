@@ -8,12 +8,18 @@ use crate::domain::trace::TraceId;
 use crate::pipeline::publish::{Publisher, order_message};
 use crate::pipeline::trail;
 use crate::reservation::{
-    Reservation, ReservationError, ReservationStore, ReserveOutcome, ReserveRequest,
+    Reservation, ReservationError, ReservationStore, ReserveOutcome, ReserveRequest, Sale,
 };
 use sqlx::PgPool;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::RwLock;
+
+/// How long the ingress trusts what it read of an activity: an `activity
+/// end` reaches every engine's ingress within this (docs/architecture.md
+/// §16.3), at the cost of one PostgreSQL read per activity per period.
+pub const FACTS_FRESH: Duration = Duration::from_secs(5);
 
 /// Why a reservation request got no reservation. Each has a stable code
 /// (the HTTP `error` field) and a reason for people.
@@ -39,6 +45,9 @@ pub enum Refusal {
     /// against what is left could oversell, so the sale waits for a restore.
     #[error("{0}")]
     RedisStateLost(String),
+    /// `seckillctl activity end` closed the sale (docs/architecture.md §16.3).
+    #[error("activity {0} has ended; no new reservations are taken")]
+    ActivityEnded(ActivityId),
 }
 
 impl Refusal {
@@ -54,17 +63,33 @@ impl Refusal {
             Refusal::UnknownSku { .. } => "UNKNOWN_SKU",
             Refusal::RedisUnavailable(_) => "REDIS_UNAVAILABLE",
             Refusal::RedisStateLost(_) => "REDIS_STATE_LOST",
+            Refusal::ActivityEnded(_) => "ACTIVITY_ENDED",
         }
     }
 }
 
-/// What the ingress knows of an activity from PostgreSQL: read once, kept.
+/// What the ingress knows of an activity from PostgreSQL, read again
+/// once it is [`FACTS_FRESH`] old.
 #[derive(Debug, Clone, Copy)]
 struct ActivityFacts {
     valid_for_ms: i64,
     /// It has a Redis epoch (docs/architecture.md §4.5): a missing epoch
     /// key then means lost state, not an activity never seeded.
     seeded: bool,
+    /// When the sale ends, in ms since the Unix epoch, once `activity end`
+    /// set it (docs/architecture.md §16.3).
+    ends_at_ms: Option<i64>,
+    read_at: Instant,
+}
+
+impl ActivityFacts {
+    /// Pure: whether the sale is still open at `now_ms`.
+    fn sale(&self, now_ms: i64) -> Sale {
+        match self.ends_at_ms {
+            Some(end) if end <= now_ms => Sale::Ended,
+            _ => Sale::Open,
+        }
+    }
 }
 
 /// The activities whose Redis state the watcher found lost or stale, with
@@ -93,8 +118,12 @@ pub struct Ingress {
     store: ReservationStore,
     pool: PgPool,
     publisher: Publisher,
-    /// Activity validity windows, read from PostgreSQL once per activity.
+    /// Activity facts, read from PostgreSQL and again once stale.
     activities: Arc<RwLock<HashMap<ActivityId, ActivityFacts>>>,
+    /// Activities whose facts one request is reading again; the others
+    /// go on with what is known (one read per activity per period, not
+    /// one per request).
+    refreshing: Arc<std::sync::Mutex<HashSet<ActivityId>>>,
     first_retry_after_ms: i64,
     lost: LostStates,
     tally: Tally,
@@ -112,6 +141,7 @@ impl Ingress {
             pool,
             publisher,
             activities: Default::default(),
+            refreshing: Default::default(),
             first_retry_after_ms,
             lost: Default::default(),
             tally: Default::default(),
@@ -161,6 +191,7 @@ impl Ingress {
         }
         let valid_for = facts.valid_for_ms;
         let now = chrono::Utc::now().timestamp_millis();
+        let sale = facts.sale(now);
         let valid_until_ms = now
             .checked_add(valid_for)
             .ok_or(Refusal::BadActivityConfig(call.activity))?;
@@ -183,7 +214,7 @@ impl Ingress {
         };
         match self
             .store
-            .reserve(&req, now + self.first_retry_after_ms)
+            .reserve_in(&req, now + self.first_retry_after_ms, sale)
             .await?
         {
             ReserveOutcome::Reserved(r) => {
@@ -205,6 +236,7 @@ impl Ingress {
                 sku: call.sku,
             }),
             ReserveOutcome::NoEpoch => Err(self.no_epoch(call.activity, call.sku).await?),
+            ReserveOutcome::Ended => Err(Refusal::ActivityEnded(call.activity)),
         }
     }
 
@@ -231,23 +263,110 @@ impl Ingress {
         activity: ActivityId,
         fresh: bool,
     ) -> Result<Option<ActivityFacts>, sqlx::Error> {
-        if !fresh && let Some(v) = self.activities.read().await.get(&activity) {
-            return Ok(Some(*v));
+        let known = self.activities.read().await.get(&activity).copied();
+        let refresh = match known {
+            None => None,
+            Some(_) if fresh => None,
+            Some(k) if k.read_at.elapsed() < FACTS_FRESH => return Ok(Some(k)),
+            Some(k) => match Refreshing::claim(&self.refreshing, activity) {
+                Some(claim) => Some((k, claim)),
+                // Another request is reading them: go on with what is known.
+                None => return Ok(Some(k)),
+            },
+        };
+        let read = self.read_facts(activity).await;
+        match (read, refresh) {
+            (Ok(facts), _) => {
+                if let Some(f) = facts {
+                    self.activities.write().await.insert(activity, f);
+                }
+                Ok(facts)
+            }
+            // A stale read that failed keeps the sale going on what was
+            // known: PostgreSQL being away must not stop Redis admission
+            // (docs/architecture.md §10.9); the next request tries again.
+            (Err(e), Some((known, _claim))) => {
+                tracing::debug!(activity = activity.0, error = %e, "re-reading activity facts failed");
+                Ok(Some(known))
+            }
+            (Err(e), None) => Err(e),
         }
-        let row: Option<(i64, bool)> = sqlx::query_as(
-            "SELECT valid_for_ms, EXISTS (SELECT 1 FROM redis_epochs e WHERE e.activity_id = a.activity_id)
+    }
+
+    async fn read_facts(&self, activity: ActivityId) -> Result<Option<ActivityFacts>, sqlx::Error> {
+        let row: Option<(i64, bool, Option<i64>)> = sqlx::query_as(
+            "SELECT valid_for_ms, EXISTS (SELECT 1 FROM redis_epochs e WHERE e.activity_id = a.activity_id),
+                    (extract(epoch FROM ends_at) * 1000)::int8
              FROM activities a WHERE activity_id = $1",
         )
         .bind(activity)
         .fetch_optional(&self.pool)
         .await?;
-        let facts = row.map(|(valid_for_ms, seeded)| ActivityFacts {
+        Ok(row.map(|(valid_for_ms, seeded, ends_at_ms)| ActivityFacts {
             valid_for_ms,
             seeded,
-        });
-        if let Some(f) = facts {
-            self.activities.write().await.insert(activity, f);
+            ends_at_ms,
+            read_at: Instant::now(),
+        }))
+    }
+}
+
+/// One request's claim to re-read an activity's facts, given back on drop
+/// (also when the read fails or the request is cancelled).
+struct Refreshing<'a> {
+    set: &'a std::sync::Mutex<HashSet<ActivityId>>,
+    activity: ActivityId,
+}
+
+impl<'a> Refreshing<'a> {
+    fn claim(set: &'a std::sync::Mutex<HashSet<ActivityId>>, activity: ActivityId) -> Option<Self> {
+        let won = set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(activity);
+        // Built only once the claim is won and the lock let go: a
+        // `Refreshing` made and dropped under the lock (`then_some` builds
+        // it either way) would lock again, and give back another
+        // request's claim.
+        won.then(|| Refreshing { set, activity })
+    }
+}
+
+impl Drop for Refreshing<'_> {
+    fn drop(&mut self) {
+        let mut held = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        held.remove(&self.activity);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(ends_at_ms: Option<i64>) -> ActivityFacts {
+        ActivityFacts {
+            valid_for_ms: 1_000,
+            seeded: true,
+            ends_at_ms,
+            read_at: Instant::now(),
         }
-        Ok(facts)
+    }
+
+    #[test]
+    fn a_sale_is_open_until_its_end() {
+        assert_eq!(facts(None).sale(i64::MAX), Sale::Open);
+        assert_eq!(facts(Some(1_000)).sale(999), Sale::Open);
+        assert_eq!(facts(Some(1_000)).sale(1_000), Sale::Ended);
+        assert_eq!(facts(Some(1_000)).sale(5_000), Sale::Ended);
+    }
+
+    #[test]
+    fn one_claim_per_activity_until_dropped() {
+        let set = std::sync::Mutex::new(HashSet::new());
+        let a = Refreshing::claim(&set, ActivityId(1)).expect("first claim");
+        assert!(Refreshing::claim(&set, ActivityId(1)).is_none());
+        assert!(Refreshing::claim(&set, ActivityId(2)).is_some());
+        drop(a);
+        assert!(Refreshing::claim(&set, ActivityId(1)).is_some());
     }
 }

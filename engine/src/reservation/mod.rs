@@ -250,6 +250,31 @@ pub enum ReserveOutcome {
     SoldOut,
     /// The user already holds a live reservation in this activity.
     DuplicateUser,
+    /// The sale has ended and this `request_id` was never seen
+    /// (docs/architecture.md §16.3).
+    Ended,
+}
+
+/// Whether the ingress still sells in an activity, as it last read
+/// PostgreSQL (docs/architecture.md §16.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sale {
+    Open,
+    Ended,
+}
+
+/// What [`ReservationStore::retire`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(
+    tag = "outcome",
+    content = "pending",
+    rename_all = "SCREAMING_SNAKE_CASE"
+)]
+pub enum RetireOutcome {
+    /// The epoch is gone, the keys expire, the scanner no longer looks.
+    Retired,
+    /// This many reservations still wait for their send: not yet.
+    Pending(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,6 +7,11 @@ local h = redis.call('HMGET', KEYS[1], 'mq_status', 'sku_id', 'user_id')
 if not h[1] then return 'UNKNOWN' end
 if h[1] == 'RELEASED' then return 'ALREADY_RELEASED' end
 if h[2] ~= ARGV[2] then return 'SKU_MISMATCH' end
+-- A retired activity's stock key expires a day after its retirement
+-- (docs/architecture.md §16.3). INCR would create it again with no TTL,
+-- holding memory for good; nothing can be sold from it any more, so the
+-- unit has nowhere to go back to.
+if redis.call('EXISTS', KEYS[2]) == 0 then return 'UNKNOWN' end
 redis.call('INCR', KEYS[2])
 redis.call('SREM', KEYS[3], h[3])
 redis.call('HSET', KEYS[1], 'mq_status', 'RELEASED', 'lease_owner', '', 'lease_until', 0)

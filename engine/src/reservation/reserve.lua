@@ -4,9 +4,13 @@
 -- KEYS: 1 req, 2 stock, 3 buyers, 4 rsv, 5 pending, 6 epoch
 -- ARGV: 1 reservation_id, 2 message_id, 3 request_id, 4 order_id, 5 sku_id,
 --       6 user_id, 7 now_ms, 8 valid_until_ms, 9 first_retry_at_ms, 10 ttl_ms,
---       11 trace_id (docs/architecture.md §11.5: re-sends keep the trace)
+--       11 trace_id (docs/architecture.md §11.5: re-sends keep the trace),
+--       12 '1' when the sale has ended (docs/architecture.md §16.3)
 local existing = redis.call('GET', KEYS[1])
 if existing then return {'EXISTING', existing} end
+-- After the request key: a client retrying a request it made before the
+-- end still gets its reservation back; only new requests are refused.
+if ARGV[12] == '1' then return {'ENDED'} end
 -- No epoch: never seeded, or Redis lost the activity's state (a restart
 -- without persistence, a failover that missed writes). Admitting against
 -- whatever stock is left would oversell; the caller asks PostgreSQL which

@@ -2,7 +2,8 @@
 
 use super::{
     Keys, MqStatus, OrderView, PendingEntry, ReleaseOutcome, Reservation, ReservationError,
-    ReserveOutcome, ReserveRequest, SeedOutcome, activities_key, corrupt, physical_ttl_ms,
+    ReserveOutcome, ReserveRequest, RetireOutcome, Sale, SeedOutcome, activities_key, corrupt,
+    physical_ttl_ms,
 };
 use crate::decide::replica_ack::{AckState, Outcome, Plan};
 use crate::domain::clock::now_ms;
@@ -27,6 +28,7 @@ static MARK_SEND_FAILED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("mark_send_failed.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 static PROJECT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("project.lua")));
+static RETIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("retire.lua")));
 
 /// A read, tried once more on a fresh connection when the first failed
 /// because the connection broke: a Redis that restarted or failed over
@@ -201,6 +203,19 @@ impl ReservationStore {
         req: &ReserveRequest,
         first_retry_at_ms: i64,
     ) -> Result<ReserveOutcome> {
+        self.reserve_in(req, first_retry_at_ms, Sale::Open).await
+    }
+
+    /// [`Self::reserve`] as the ingress calls it, saying whether the sale
+    /// has ended: then only a request seen before gets its reservation back
+    /// (docs/architecture.md §16.3), checked in the same script so a retry
+    /// and a new request cannot be told apart by timing.
+    pub async fn reserve_in(
+        &self,
+        req: &ReserveRequest,
+        first_retry_at_ms: i64,
+        sale: Sale,
+    ) -> Result<ReserveOutcome> {
         let keys = self.keys(req.activity_id);
         let key_list = [
             keys.req(&req.request_id),
@@ -222,6 +237,11 @@ impl ReservationStore {
             first_retry_at_ms.to_string(),
             physical_ttl_ms(req.now_ms, req.valid_until_ms).to_string(),
             req.trace_id.to_string(),
+            match sale {
+                Sale::Open => "0",
+                Sale::Ended => "1",
+            }
+            .to_owned(),
         ];
         let reply: Vec<String> = self
             .eval_acknowledged(
@@ -266,6 +286,7 @@ impl ReservationStore {
             }
             ["NOT_SEEDED"] => Ok(ReserveOutcome::NotSeeded),
             ["NO_EPOCH"] => Ok(ReserveOutcome::NoEpoch),
+            ["ENDED"] => Ok(ReserveOutcome::Ended),
             ["SOLD_OUT"] => Ok(ReserveOutcome::SoldOut),
             ["DUPLICATE_USER"] => Ok(ReserveOutcome::DuplicateUser),
             ["ID_IN_USE"] => Err(ReservationError::IdInUse(req.reservation_id.clone())),
@@ -556,6 +577,44 @@ impl ReservationStore {
 
     /// The compensation (docs/architecture.md §4, §8): gives the stock and the buyer slot
     /// back exactly once, however often or concurrently it is called.
+    /// Takes an ended activity out of Redis (docs/architecture.md §16.3),
+    /// unless a reservation still waits for its send: the epoch key goes
+    /// (nothing more is admitted), the stock and buyers keys keep `ttl` for
+    /// late releases and reads, and the activity leaves the set the scanner
+    /// and the governor walk. Idempotent: a second call finds no epoch and
+    /// nothing pending, and retires again to the same effect.
+    pub async fn retire(
+        &self,
+        activity: ActivityId,
+        skus: &[SkuId],
+        ttl: std::time::Duration,
+    ) -> Result<RetireOutcome> {
+        let keys = self.keys(activity);
+        let mut key_list = vec![keys.epoch(), keys.pending(), keys.buyers()];
+        key_list.extend(skus.iter().map(|s| keys.stock(*s)));
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let reply: (String, u64) = self
+            .eval_acknowledged(
+                &RETIRE,
+                activity,
+                &key_list,
+                &[ttl_ms.to_string()],
+                |r: &(String, u64)| r.0 == "RETIRED",
+            )
+            .await?;
+        match reply {
+            (r, n) if r == "PENDING" => Ok(RetireOutcome::Pending(n)),
+            (r, _) if r == "RETIRED" => {
+                // Outside the script: the set spans activities, so it sits in
+                // no activity's slot (Redis Cluster). Run again by a retry.
+                let mut conn = self.conn();
+                let _: i64 = conn.srem(self.activities_key(), activity.0).await?;
+                Ok(RetireOutcome::Retired)
+            }
+            (r, n) => Err(corrupt(&keys.epoch(), format!("retire replied {r:?} {n}"))),
+        }
+    }
+
     pub async fn release(
         &self,
         activity: ActivityId,

@@ -3,6 +3,7 @@
 //! come out. No I/O here, so every row of the §9.3 table is unit-tested
 //! with literals.
 
+use crate::decide::retention::{REDELIVERY_SPAN, inbox_maybe_pruned};
 use crate::domain::message::{Malformed, Message};
 use crate::domain::status::{
     CompensationSource, CompensationStatus, InboxStatus, OrderStatus, ReplayDecision,
@@ -22,6 +23,9 @@ pub enum Check {
     Mirrored,
     /// The group's inbox does not hold the `message_id` yet.
     Inbox,
+    /// No prune can have taken the message's inbox row: it died at least
+    /// [`REDELIVERY_SPAN`] after the inbox's retention mark (§16.2).
+    InboxKept,
     /// No order exists for the body's order (order-create only).
     Order,
     /// The reservation was not compensated (order-create only).
@@ -37,9 +41,10 @@ pub enum Check {
 }
 
 impl Check {
-    pub const ALL: [Check; 8] = [
+    pub const ALL: [Check; 9] = [
         Check::Mirrored,
         Check::Inbox,
+        Check::InboxKept,
         Check::Order,
         Check::Compensation,
         Check::Ledger,
@@ -52,6 +57,7 @@ impl Check {
         match self {
             Check::Mirrored => "mirrored",
             Check::Inbox => "inbox",
+            Check::InboxKept => "inbox_kept",
             Check::Order => "order",
             Check::Compensation => "compensation",
             Check::Ledger => "ledger",
@@ -63,7 +69,8 @@ impl Check {
 
     /// Checks an operator may override with `--force`: those whose block
     /// protects against a no-op or a duplicate the inbox still stops.
-    /// Missing data and an unsupported body can never be forced (§9.3).
+    /// Missing data and an unsupported body can never be forced (§9.3),
+    /// nor `inbox_kept`: there the inbox no longer stops a duplicate.
     pub fn forceable(self) -> bool {
         matches!(
             self,
@@ -143,6 +150,9 @@ pub struct Facts {
     pub schema: Result<(), SchemaError>,
     pub valid_until: Option<DateTime<Utc>>,
     pub now: DateTime<Utc>,
+    /// The inbox's retention mark (`retention_marks`): rows older than it
+    /// may have been pruned. `None` when no prune ever ran (§16.2).
+    pub inbox_horizon: Option<DateTime<Utc>>,
 }
 
 /// Whether the body parses as its group's message (pure).
@@ -201,6 +211,7 @@ fn judge(f: &Facts, check: Check) -> (Level, String) {
                 ),
             ),
         },
+        Check::InboxKept => inbox_kept(f),
         Check::Order => match f.order_status {
             None => (Level::Pass, "no order for this reservation yet".into()),
             Some(s) => (Level::Block, format!("the order exists ({s})")),
@@ -256,6 +267,49 @@ fn retention(f: &Facts) -> (Level, String) {
                 f.retention.as_secs() / 3600
             ),
         ),
+    }
+}
+
+/// A replay leans on the inbox to stop a duplicate; a prune may have taken
+/// the row that would. A message first delivered before the inbox's mark
+/// may have lost its row, and one that died less than [`REDELIVERY_SPAN`]
+/// after the mark may have been first delivered before it (a commit whose
+/// reply was lost retries until the message dies). Never forceable: no
+/// one can say any more whether it was applied.
+fn inbox_kept(f: &Facts) -> (Level, String) {
+    let Some(horizon) = f.inbox_horizon else {
+        return (Level::Pass, "no inbox row was ever pruned".into());
+    };
+    if let Some(k) = f.kind
+        && !k.has_inbox()
+    {
+        return (
+            Level::Pass,
+            format!("the {} consumer keeps no inbox", k.base_name()),
+        );
+    }
+    let span_h = REDELIVERY_SPAN.as_secs() / 3600;
+    let mark = horizon.format("%Y-%m-%d %H:%M:%S UTC");
+    if inbox_maybe_pruned(f.dead_at, horizon) {
+        let h = f.dead_at.signed_duration_since(horizon).num_hours();
+        let when = if f.dead_at < horizon {
+            format!("{} h before", -h)
+        } else {
+            format!("{h} h after")
+        };
+        (
+            Level::Block,
+            format!(
+                "died {when} the inbox's retention mark ({mark}), within {span_h} h of it: its inbox row may have been pruned, so nothing can tell whether it was applied"
+            ),
+        )
+    } else {
+        (
+            Level::Pass,
+            format!(
+                "died {span_h} h or more after the inbox's retention mark ({mark}): its inbox row is kept"
+            ),
+        )
     }
 }
 
@@ -358,6 +412,7 @@ mod tests {
             schema: Ok(()),
             valid_until: Some(now + chrono::Duration::minutes(1)),
             now,
+            inbox_horizon: None,
         }
     }
 
@@ -507,6 +562,56 @@ mod tests {
             ..fresh()
         };
         assert_eq!(level(&verdicts(&empty, &[]), Check::Mirrored), Level::Block);
+    }
+
+    #[test]
+    fn a_message_dead_within_a_day_of_the_inbox_mark_is_blocked_and_cannot_be_forced() {
+        let now = Utc::now();
+        let mark = now - chrono::Duration::days(14);
+        // Died 5 h after the mark: its first delivery may predate it.
+        let f = Facts {
+            dead_at: mark + chrono::Duration::hours(5),
+            inbox_horizon: Some(mark),
+            ..fresh()
+        };
+        let v = verdicts(&f, &[Check::InboxKept]);
+        assert_eq!(level(&v, Check::InboxKept), Level::Block, "{v:#?}");
+        assert!(!v.iter().any(|v| v.forced), "never forceable");
+        assert!(!Check::InboxKept.forceable());
+        assert!(
+            evidence(&v, Check::InboxKept).contains("may have been pruned"),
+            "{v:#?}"
+        );
+        assert_eq!(decide(&v, false), ReplayDecision::Blocked);
+        // Died before the mark: blocked too.
+        let before = Facts {
+            dead_at: mark - chrono::Duration::days(1),
+            ..f.clone()
+        };
+        assert_eq!(
+            level(&verdicts(&before, &[]), Check::InboxKept),
+            Level::Block
+        );
+        // A day and more after the mark, the row is kept.
+        let later = Facts {
+            dead_at: mark + chrono::Duration::hours(25),
+            ..f.clone()
+        };
+        assert_eq!(level(&verdicts(&later, &[]), Check::InboxKept), Level::Pass);
+        // No prune ever ran, or a group without an inbox: nothing to lose.
+        assert_eq!(
+            level(&verdicts(&fresh(), &[]), Check::InboxKept),
+            Level::Pass
+        );
+        let projection = Facts {
+            kind: Some(TopicKind::OrderEvent),
+            ..f
+        };
+        assert_eq!(
+            level(&verdicts(&projection, &[]), Check::InboxKept),
+            Level::Pass
+        );
+        assert_eq!("inbox_kept".parse::<Check>(), Ok(Check::InboxKept));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! refusals included, writes one `replay_audit` row.
 
 use super::checks::{Check, Facts, Verdict, decide, parse_for, verdicts};
+use crate::decide::retention::PruneTable;
 use crate::dlq::entry::{EntryMove, MoveFacts, next};
 use crate::dlq::verifier;
 use crate::domain::auth::Actor;
@@ -164,6 +165,14 @@ async fn gather(
             .bind(rsv)
             .fetch_one(pool)
             .await?;
+    // Read after the inbox: a prune commits its mark before deleting a
+    // row, so a row found missing above is explained by the mark read here
+    // (docs/architecture.md §16.2).
+    let inbox_horizon: Option<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT horizon FROM retention_marks WHERE table_name = $1")
+            .bind(PruneTable::Inbox.relation())
+            .fetch_optional(pool)
+            .await?;
     let valid_until = body["reservation_valid_until"]
         .as_str()
         .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
@@ -181,6 +190,7 @@ async fn gather(
         schema: parse_for(kind, &e.body),
         valid_until,
         now: Utc::now(),
+        inbox_horizon,
     })
 }
 
