@@ -136,16 +136,17 @@ pub use ops::reconcile::{self, Report as ReconcileReport, Verdict as ReconcileVe
 pub use ops::redis_state::{self, ActivityRedis, RedisStateError, RestoreReport, RestoreRequest};
 pub use ops::reservation_status::{self, ReservationStatus, ReservationStatusError};
 pub use ops::restore::{RestoreError, RestoreOn, restore_audited};
+pub use ops::trace::{
+    Anchor as TraceAnchor, Line as TraceLine, Sources as TraceSources, Story, TraceError,
+    trace as trace_story,
+};
+
 // Retention of the finished history (docs/architecture.md §16.2).
 pub use config::{RetentionConfig, RetentionConfigError};
 pub use decide::retention::{PruneTable, REDELIVERY_SPAN, Refusal as RetentionRefusal};
 pub use ops::retention::{
     self, Mark as RetentionMark, Progress as PruneProgress, PruneReport, PruneRequest,
     RetentionError, RunBy, TableReport,
-};
-pub use ops::trace::{
-    Anchor as TraceAnchor, Line as TraceLine, Sources as TraceSources, Story, TraceError,
-    trace as trace_story,
 };
 /// What stops a long operation between its steps (`retention::prune`).
 pub use tokio_util::sync::CancellationToken;
